@@ -1,0 +1,47 @@
+"""The `vllm-drift` command line: one sub-command per module in `exporter.commands`.
+
+Exit status: 0 success, 2 bad usage or bad input (one line on stderr naming what was wrong),
+1 runtime failure.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from exporter import __version__
+from exporter.errors import InputError
+
+COMMANDS = ("serve", "scan", "calc", "simulate", "demo")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 already; keep it to one line
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vllm-drift", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"vllm-drift {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"exporter.commands.{name}")
+        except ModuleNotFoundError as exc:  # a command still being written
+            if exc.name != f"exporter.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"vllm-drift {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

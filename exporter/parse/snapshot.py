@@ -1,0 +1,115 @@
+"""The typed, era-independent view of one vLLM engine's `/metrics` at one instant.
+
+Everything downstream (windows, drift scoring, export) reads these objects, never raw metric
+names: the mapping from every vLLM era's names to the canonical keys below lives in
+`exporter.parse.canonical` alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+# Canonical keys. Gauges are instantaneous values (summed over data-parallel engines, except
+# kv_cache_usage which is the max); counters are monotonic totals summed over engines.
+GAUGES = (
+    "kv_cache_usage",          # fraction 0..1 (kv_cache_usage_perc / gpu_cache_usage_perc)
+    "num_requests_running",
+    "num_requests_waiting",
+    "num_requests_swapped",    # V0 only
+    "prefix_cache_hit_rate",   # V0 gauge, -1 when disabled
+)
+COUNTERS = (
+    "num_preemptions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "request_success_total",   # all finished_reason values
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "spec_decode_num_drafts_total",
+    "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total",
+)
+HISTOGRAMS = (
+    "ttft_seconds",            # time_to_first_token_seconds
+    "itl_seconds",             # inter_token_latency_seconds / time_per_output_token_seconds
+    "tpot_seconds",            # request_time_per_output_token_seconds (0.11+)
+    "e2e_seconds",
+    "queue_time_seconds",
+    "prefill_time_seconds",
+    "decode_time_seconds",
+    "inference_time_seconds",
+    "prompt_tokens",           # request_prompt_tokens
+    "generation_tokens",       # request_generation_tokens
+    "iteration_tokens",        # iteration_tokens_total
+    "max_tokens_param",        # request_params_max_tokens
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A Prometheus histogram: cumulative counts at upper bounds read from the scrape (the last
+    bound is +Inf when the exposition is complete)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    sum: float = 0.0
+    count: float = 0.0
+
+    def delta(self, earlier: "Histogram") -> "Histogram | None":
+        """This histogram minus an earlier one of the same series; None when the bucket layout
+        changed or a count went down (a reset): the caller then starts afresh."""
+        if earlier.bounds != self.bounds:
+            return None
+        counts = tuple(a - b for a, b in zip(self.counts, earlier.counts))
+        if any(c < 0 for c in counts) or self.count < earlier.count:
+            return None
+        return Histogram(self.bounds, counts, self.sum - earlier.sum, self.count - earlier.count)
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus `histogram_quantile` semantics: linear interpolation inside the bucket, the
+        highest finite bound when the rank falls in +Inf. None when there are no observations."""
+        if not self.counts or not self.bounds:
+            return None
+        total = self.counts[-1]
+        if total <= 0 or math.isnan(total):
+            return None
+        rank = q * total
+        prev_bound, prev_count = 0.0, 0.0
+        for bound, count in zip(self.bounds, self.counts):
+            if count >= rank:
+                if math.isinf(bound):
+                    return prev_bound
+                if count == prev_count:
+                    return bound
+                if prev_bound == 0.0 and bound <= 0:
+                    return bound
+                return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+            prev_bound, prev_count = bound, count
+        return prev_bound
+
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One scrape of one served model on one target, canonicalised across vLLM eras.
+
+    Missing signals are absent from the mappings (never zero): an old server without
+    `num_preemptions_total` has no such key, and findings that need it say so.
+    """
+
+    target: str
+    model_name: str
+    timestamp: float                       # scrape time, unix seconds
+    engine_era: str                        # "v0" or "v1"
+    engines: int = 1                       # distinct data-parallel `engine` label values
+    gauges: Mapping[str, float] = field(default_factory=dict)
+    counters: Mapping[str, float] = field(default_factory=dict)
+    finished_by_reason: Mapping[str, float] = field(default_factory=dict)
+    histograms: Mapping[str, Histogram] = field(default_factory=dict)
+    cache_config: Mapping[str, str] = field(default_factory=dict)   # cache_config_info labels
+    spec_accepted_per_pos: tuple[float, ...] = ()
+    start_time: float | None = None        # earliest `_created` sample: engine start, for resets
+    families: frozenset[str] = frozenset() # vllm: family names seen (for "unavailable: needs X")
