@@ -1,0 +1,2 @@
+"""What leaves the daemon: the Prometheus collector, the JSON findings document and the HTTP
+server that serves both."""

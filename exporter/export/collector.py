@@ -1,0 +1,201 @@
+"""The daemon's Prometheus families, built from a published `FleetView`.
+
+A custom collector on a private registry: no global mutable metric objects. The daemon renders
+the exposition once per scrape/evaluation cycle (`render()`), so `/metrics` serves bytes and its
+latency does not grow with the fleet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.report import ModelReport, PARAMETERS
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """The exported state of one target (immutable, swapped whole each cycle)."""
+
+    target: str
+    source: str
+    up: bool | None                      # None: never scraped yet
+    scrape_duration_s: float | None
+    last_success: float | None
+    errors: Mapping[str, float]          # reason -> count
+    vllm_version: str | None
+    models: Mapping[str, str]            # model_name -> engine_era
+    reports: tuple[ModelReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    targets: tuple[TargetView, ...] = ()
+    last_evaluation: float | None = None
+    evaluation_duration_s: float | None = None
+    config_reload_failures: float = 0.0
+    config_reloads: float = 0.0
+    config_loaded_at: float | None = None
+    discovery_errors: Mapping[str, float] = field(default_factory=dict)
+    cycle_duration_s: float | None = None
+    cycles: float = 0.0
+    state_errors: Mapping[str, float] = field(default_factory=dict)
+    ready: bool = False
+
+
+def _g(name: str, doc: str, labels: Iterable[str] = (), unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels), unit=unit)
+
+
+class FleetCollector(Collector):
+    def __init__(self) -> None:
+        self.view = FleetView()
+
+    def collect(self) -> Iterable[Metric]:
+        v = self.view
+        build = InfoMetricFamily("vllm_drift_build", "vllm-drift build information.",
+                                 labels=["version"])
+        build.add_metric([__version__], {})
+        yield build
+
+        up = _g("vllm_drift_target_up", "1 if the last scrape of the target succeeded, else 0.", ["target"])
+        dur = _g("vllm_drift_target_scrape_duration_seconds", "Duration of the last scrape of the target.", ["target"])
+        last_ok = _g("vllm_drift_target_last_success_timestamp_seconds",
+                     "Unix time of the last successful scrape of the target.", ["target"])
+        info = _g("vllm_drift_target_info", "The served model, vLLM version and engine era of a target (always 1).",
+                  ["target", "model_name", "vllm_version", "engine_era"])
+        errs = CounterMetricFamily("vllm_drift_scrape_errors", "Failed scrapes of a target, by reason.",
+                                   labels=["target", "reason"])
+        source = _g("vllm_drift_targets", "Targets being watched, by discovery source.", ["source"])
+        by_source: dict[str, int] = {}
+        for t in v.targets:
+            by_source[t.source] = by_source.get(t.source, 0) + 1
+            if t.up is not None:
+                up.add_metric([t.target], 1.0 if t.up else 0.0)
+            if t.scrape_duration_s is not None:
+                dur.add_metric([t.target], t.scrape_duration_s)
+            if t.last_success is not None:
+                last_ok.add_metric([t.target], t.last_success)
+            for model, era in t.models.items():
+                info.add_metric([t.target, model, t.vllm_version or "unknown", era or "unknown"], 1.0)
+            for reason, count in t.errors.items():
+                errs.add_metric([t.target, reason], count)
+        for name, count in sorted(by_source.items()):
+            source.add_metric([name], count)
+        yield from (up, dur, last_ok, info, errs, source)
+        yield from self._reports(v)
+
+        ev_ts = _g("vllm_drift_last_evaluation_timestamp_seconds", "Unix time the last evaluation finished.")
+        ev_dur = _g("vllm_drift_evaluation_duration_seconds", "Duration of the last evaluation of the fleet.")
+        if v.last_evaluation is not None:
+            ev_ts.add_metric([], v.last_evaluation)
+        if v.evaluation_duration_s is not None:
+            ev_dur.add_metric([], v.evaluation_duration_s)
+        cyc = _g("vllm_drift_scrape_cycle_duration_seconds", "Duration of the last scrape cycle over all targets.")
+        if v.cycle_duration_s is not None:
+            cyc.add_metric([], v.cycle_duration_s)
+        cycles = CounterMetricFamily("vllm_drift_scrape_cycles", "Scrape cycles completed.")
+        cycles.add_metric([], v.cycles)
+        fails = CounterMetricFamily("vllm_drift_config_reload_failures",
+                                    "Config reloads rejected because the new config was invalid.")
+        fails.add_metric([], v.config_reload_failures)
+        reloads = CounterMetricFamily("vllm_drift_config_reloads", "Config reloads applied.")
+        reloads.add_metric([], v.config_reloads)
+        loaded = _g("vllm_drift_config_last_reload_success_timestamp_seconds",
+                    "Unix time the config in force was loaded.")
+        if v.config_loaded_at is not None:
+            loaded.add_metric([], v.config_loaded_at)
+        disc = CounterMetricFamily("vllm_drift_discovery_errors", "Target discovery failures, by source.",
+                                   labels=["source"])
+        for name, count in sorted(v.discovery_errors.items()):
+            disc.add_metric([name], count)
+        state = CounterMetricFamily("vllm_drift_state_errors",
+                                    "Failures to read or write the state directory, by operation.",
+                                    labels=["operation"])
+        for name, count in sorted(v.state_errors.items()):
+            state.add_metric([name], count)
+        ready = _g("vllm_drift_ready", "1 once the first evaluation has finished.")
+        ready.add_metric([], 1.0 if v.ready else 0.0)
+        yield from (ev_ts, ev_dur, cyc, cycles, fails, reloads, loaded, disc, state, ready)
+
+    @staticmethod
+    def _reports(v: FleetView) -> Iterable[Metric]:
+        tm = ["target", "model_name"]
+        mis = _g("vllm_drift_misconfiguration_score",
+                 "How far a setting is from the predicted optimum for the observed traffic (0 optimal, 1 worst).",
+                 tm + ["parameter"])
+        conf = _g("vllm_drift_configured_value", "The value a setting has on the target, where observable.",
+                  tm + ["parameter"])
+        rec = _g("vllm_drift_recommended_value", "The value the model recommends for a setting.", tm + ["parameter"])
+        kvp = _g("vllm_drift_kv_pressure_score", "KV-cache pressure: 0 comfortable, 1 saturated with preemptions.", tm)
+        idle = _g("vllm_drift_idle_capacity_ratio", "Share of predicted sustainable capacity left unused.", tm)
+        tier = _g("vllm_drift_tier_misplacement_score",
+                  "Fraction of spend a cheaper GPU tier meeting the same SLOs would save (0: right tier).",
+                  tm + ["current_gpu", "recommended_gpu"])
+        waste = _g("vllm_drift_estimated_waste_dollars_per_hour",
+                   "Estimated money lost per hour to the active findings.", tm)
+        finding = _g("vllm_drift_finding", "1 while a finding is active.", tm + ["finding", "severity"])
+        fscore = _g("vllm_drift_finding_score", "Score of an active finding.", tm + ["finding"])
+        pkv = _g("vllm_drift_predicted_kv_cache_tokens", "KV-cache capacity the model predicts for the setup.", tm)
+        ptpot = _g("vllm_drift_predicted_tpot_seconds", "TPOT the model predicts at the observed load.", tm)
+        ratio = _g("vllm_drift_observed_to_predicted_kv_cache_ratio",
+                   "Observed KV-cache capacity divided by the predicted one.", tm)
+        status = _g("vllm_drift_evaluation_status",
+                    "1 for the current evaluation status of a model (ok, insufficient_data, unavailable).",
+                    tm + ["status"])
+        for t in v.targets:
+            for r in t.reports:
+                key = [r.target, r.model_name]
+                status.add_metric(key + [r.status], 1.0)
+                for p in PARAMETERS:
+                    if p in r.misconfiguration:
+                        mis.add_metric(key + [p], r.misconfiguration[p])
+                    if p in r.configured and r.configured[p] is not None:
+                        conf.add_metric(key + [p], float(r.configured[p]))
+                    if p in r.recommended and r.recommended[p] is not None:
+                        rec.add_metric(key + [p], float(r.recommended[p]))
+                if r.kv_pressure_score is not None:
+                    kvp.add_metric(key, r.kv_pressure_score)
+                if r.idle_capacity_ratio is not None:
+                    idle.add_metric(key, r.idle_capacity_ratio)
+                if r.tier is not None:
+                    tier.add_metric(key + [r.tier.current_gpu, r.tier.recommended_gpu], r.tier.score)
+                if r.waste_dollars_per_hour is not None:
+                    waste.add_metric(key, r.waste_dollars_per_hour)
+                for f in r.findings:
+                    finding.add_metric(key + [f.finding, f.severity], 1.0)
+                    fscore.add_metric(key + [f.finding], f.score)
+                if r.predicted_kv_cache_tokens is not None:
+                    pkv.add_metric(key, r.predicted_kv_cache_tokens)
+                if r.predicted_tpot_seconds is not None:
+                    ptpot.add_metric(key, r.predicted_tpot_seconds)
+                if r.observed_kv_cache_tokens_ratio is not None:
+                    ratio.add_metric(key, r.observed_kv_cache_tokens_ratio)
+        yield from (mis, conf, rec, kvp, idle, tier, waste, finding, fscore, pkv, ptpot, ratio, status)
+
+
+class Exposition:
+    """The fleet's families rendered once per publish, plus live process metrics per request."""
+
+    def __init__(self) -> None:
+        self.collector = FleetCollector()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+        self.live = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.live)
+        PlatformCollector(registry=self.live)
+        GCCollector(registry=self.live)
+        self._rendered = generate_latest(self.registry)
+
+    def publish(self, view: FleetView) -> None:
+        self.collector.view = view
+        self._rendered = generate_latest(self.registry)
+
+    def render(self) -> bytes:
+        return self._rendered + generate_latest(self.live)

@@ -1,0 +1,208 @@
+"""The daemon's HTTP endpoints, served from a thread so a busy scrape cycle never delays them.
+
+`/metrics` returns bytes rendered at the end of the last cycle; `/api/v1/findings` a JSON document
+built at the same time. TLS (optionally requiring client certificates) and basic auth with bcrypt
+hashes follow Prometheus' web configuration; `/-/healthy` may stay open by choice.
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import hmac
+import html
+import json
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+import structlog
+
+from exporter import __version__
+from exporter.config import WebConfig
+
+log = structlog.get_logger("vllm_drift.http")
+
+CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Published:
+    """Everything the endpoints serve, swapped as a whole by the daemon (reads need no lock)."""
+
+    def __init__(self, metrics: Callable[[], bytes]) -> None:
+        self.metrics = metrics
+        self.findings: bytes = b'{"targets": []}'
+        self.targets: bytes = b'{"targets": []}'
+        self.ready = False
+        self.reload: Callable[[], str] | None = None
+
+
+class Authenticator:
+    """Basic auth against bcrypt hashes. A verified (user, password) pair is remembered by its
+    SHA-256 so bcrypt's deliberate slowness is paid once, not on every scrape."""
+
+    def __init__(self, users: dict[str, str]) -> None:
+        self.users = {u: h.encode() for u, h in users.items()}
+        self._ok: set[bytes] = set()
+        self._lock = threading.Lock()
+        # A dummy hash to spend the same time on unknown users as on known ones.
+        import bcrypt
+
+        self._bcrypt = bcrypt
+        self._dummy = bcrypt.hashpw(b"vllm-drift", bcrypt.gensalt(rounds=4))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.users)
+
+    def check(self, header: str | None) -> bool:
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:], validate=True).decode("utf-8").partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        token = hashlib.sha256(f"{user}\0{password}".encode()).digest()
+        with self._lock:
+            if any(hmac.compare_digest(token, known) for known in self._ok):
+                return True
+        hashed = self.users.get(user)
+        try:
+            ok = self._bcrypt.checkpw(password.encode(), hashed if hashed else self._dummy) and hashed is not None
+        except ValueError:   # a malformed hash in the config
+            ok = False
+        if ok:
+            with self._lock:
+                self._ok.add(token)
+        return ok
+
+
+LANDING = """<!doctype html>
+<html><head><meta charset="utf-8"><title>vllm-drift</title></head>
+<body><h1>vllm-drift {version}</h1>
+<p>Prometheus exporter and drift detector for vLLM fleets.</p>
+<ul>
+<li><a href="metrics">/metrics</a> — Prometheus metrics</li>
+<li><a href="api/v1/findings">/api/v1/findings</a> — findings and recommendations (JSON)</li>
+<li><a href="api/v1/targets">/api/v1/targets</a> — targets and their scrape state (JSON)</li>
+<li><a href="-/healthy">/-/healthy</a> · <a href="-/ready">/-/ready</a></li>
+</ul></body></html>
+"""
+
+
+def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
+    landing = LANDING.format(version=html.escape(__version__)).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = f"vllm-drift/{__version__}"
+        protocol_version = "HTTP/1.1"
+        timeout = 30   # a client that stalls mid-request is dropped, it cannot hold a thread
+
+        def log_message(self, fmt: str, *args) -> None:  # quiet: access logs are not wanted
+            pass
+
+        def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+            if "gzip" in (self.headers.get("Accept-Encoding") or "") and len(body) > 1024:
+                body = gzip.compress(body, compresslevel=1)
+                extra = {**(extra or {}), "Content-Encoding": "gzip"}
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            for k, val in (extra or {}).items():
+                self.send_header(k, val)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _authorised(self, path: str) -> bool:
+            if not auth.enabled or (path == "/-/healthy" and web.open_health):
+                return True
+            if auth.check(self.headers.get("Authorization")):
+                return True
+            self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
+                       {"WWW-Authenticate": 'Basic realm="vllm-drift"'})
+            return False
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if not self._authorised(path):
+                return
+            if path == "/metrics":
+                self._send(200, pub.metrics(), CONTENT_TYPE_METRICS)
+            elif path == "/-/healthy":
+                self._send(200, b"Healthy\n", "text/plain; charset=utf-8")
+            elif path == "/-/ready":
+                if pub.ready:
+                    self._send(200, b"Ready\n", "text/plain; charset=utf-8")
+                else:
+                    self._send(503, b"Not ready: the first evaluation has not finished\n", "text/plain; charset=utf-8")
+            elif path == "/api/v1/findings":
+                self._send(200, pub.findings, "application/json")
+            elif path == "/api/v1/targets":
+                self._send(200, pub.targets, "application/json")
+            elif path == "/":
+                self._send(200, landing, "text/html; charset=utf-8")
+            else:
+                self._send(404, b"Not found\n", "text/plain; charset=utf-8")
+
+        do_HEAD = do_GET
+
+        def do_POST(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if not self._authorised(path):
+                return
+            if path == "/-/reload" and pub.reload is not None:
+                result = pub.reload()
+                code = 200 if result == "ok" else 400
+                self._send(code, json.dumps({"status": result}).encode(), "application/json")
+            else:
+                self._send(405, b"Method not allowed\n", "text/plain; charset=utf-8")
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+def tls_context(web: WebConfig) -> ssl.SSLContext | None:
+    if not web.tls_cert_file:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(web.tls_cert_file, web.tls_key_file)
+    if web.client_ca_file:
+        ctx.load_verify_locations(web.client_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+class HTTPServer:
+    """Serves `Published` on HOST:PORT from a background thread."""
+
+    def __init__(self, listen: str, pub: Published, web: WebConfig) -> None:
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]") or "0.0.0.0"
+        self.auth = Authenticator(web.basic_auth_users)
+        handler = make_handler(pub, self.auth, web)
+        if ":" in host:
+            _Server.address_family = __import__("socket").AF_INET6
+        self.httpd = _Server((host, int(port)), handler)
+        ctx = tls_context(web)
+        if ctx is not None:
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.5},
+                                       name="vllm-drift-http", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

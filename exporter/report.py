@@ -1,0 +1,89 @@
+"""The evaluation result for one served model on one target: what the daemon exports, what
+`/api/v1/findings` and `scan --json` print. Built by the drift engine, read by the exporters.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Fixed label values (bounded cardinality).
+PARAMETERS = ("max_num_seqs", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens",
+              "speculative_decoding", "enable_prefix_caching", "kv_cache_dtype")
+FINDINGS = ("kv_pressure", "max_num_seqs", "gpu_memory_utilization", "max_model_len",
+            "max_num_batched_tokens", "speculative_decoding", "enable_prefix_caching",
+            "kv_cache_dtype", "idle_capacity", "tier_misplacement", "insufficient_data", "unavailable")
+SEVERITIES = ("info", "warning", "critical")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    finding: str                      # one of FINDINGS
+    severity: str                     # one of SEVERITIES
+    score: float                      # [0, 1]: fraction of achievable goodput or money lost
+    parameter: str | None = None      # one of PARAMETERS, when the fix is a setting
+    configured: Any = None
+    recommended: Any = None
+    explanation: str = ""
+    binding: str | None = None        # the constraint that sets the recommendation
+    since: float | None = None        # unix time the finding became active
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class TierAdvice:
+    current_gpu: str
+    recommended_gpu: str
+    score: float
+    waste_dollars_per_hour: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReport:
+    target: str
+    model_name: str
+    vllm_version: str | None = None
+    engine_era: str | None = None
+    observed: dict[str, Any] = field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()
+    status: str = "ok"                                   # ok | insufficient_data | unavailable
+    misconfiguration: dict[str, float] = field(default_factory=dict)   # parameter -> score
+    configured: dict[str, float] = field(default_factory=dict)         # parameter -> value
+    recommended: dict[str, float] = field(default_factory=dict)        # parameter -> value
+    kv_pressure_score: float | None = None
+    idle_capacity_ratio: float | None = None
+    tier: TierAdvice | None = None
+    waste_dollars_per_hour: float | None = None
+    predicted_kv_cache_tokens: float | None = None
+    predicted_tpot_seconds: float | None = None
+    observed_kv_cache_tokens_ratio: float | None = None  # observed / predicted capacity
+    notes: tuple[str, ...] = ()
+    evaluated_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "target": self.target,
+            "vllm_version": self.vllm_version,
+            "model_name": self.model_name,
+            "engine_era": self.engine_era,
+            "status": self.status,
+            "observed": self.observed,
+            "findings": [f.to_json() for f in self.findings],
+            "scores": {
+                "misconfiguration": self.misconfiguration,
+                "kv_pressure": self.kv_pressure_score,
+                "idle_capacity_ratio": self.idle_capacity_ratio,
+                "tier_misplacement": None if self.tier is None else asdict(self.tier),
+                "estimated_waste_dollars_per_hour": self.waste_dollars_per_hour,
+            },
+            "configured": self.configured,
+            "recommended": self.recommended,
+            "predicted": {"kv_cache_tokens": self.predicted_kv_cache_tokens,
+                          "tpot_seconds": self.predicted_tpot_seconds,
+                          "observed_to_predicted_kv_ratio": self.observed_kv_cache_tokens_ratio},
+            "notes": list(self.notes),
+            "evaluated_at": self.evaluated_at,
+        }
+        return out

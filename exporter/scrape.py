@@ -1,0 +1,195 @@
+"""Fetching a vLLM server's `/metrics`, `/version` and `/v1/models` over one shared HTTP client.
+
+One `httpx.AsyncClient` with keep-alive serves every target; a semaphore bounds concurrency;
+every fetch has a total deadline (a server that trickles its body cannot hold a slot past it);
+bodies are read raw and decompressed here with a cap on the *decoded* size, so neither a huge body
+nor a gzip bomb can take memory past `max_body_bytes`. Failures are `ScrapeError`s with a reason
+from a fixed set, which becomes the `reason` label of `vllm_drift_scrape_errors_total`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from exporter import __version__
+
+# The fixed set of scrape failure reasons (bounded label cardinality).
+REASONS = ("connect", "timeout", "http_status", "body_too_large", "decode", "read", "parse",
+           "not_vllm", "router")
+
+USER_AGENT = f"vllm-drift/{__version__}"
+ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+
+
+class ScrapeError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    body: bytes
+    status: int
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """What `/version` and `/v1/models` tell; either may be unknown."""
+
+    vllm_version: str | None = None
+    served_models: tuple[str, ...] = ()
+    max_model_len: dict[str, int] | None = None   # served name -> max_model_len
+    root: dict[str, str] | None = None            # served name -> model path/id (`root`)
+    fetched_at: float = 0.0
+
+
+class _Decoder:
+    """Incremental gzip/deflate/identity decoding with a cap on the output."""
+
+    def __init__(self, encoding: str, cap: int) -> None:
+        encoding = encoding.strip().lower()
+        if encoding in ("", "identity"):
+            self._z = None
+        elif encoding in ("gzip", "x-gzip"):
+            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._z = zlib.decompressobj()
+        else:
+            raise ScrapeError("decode", f"unsupported Content-Encoding {encoding!r}")
+        self.cap = cap
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def _add(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.cap:
+            raise ScrapeError("body_too_large", f"body larger than max_body_bytes ({self.cap} bytes)")
+        self.parts.append(data)
+
+    def feed(self, chunk: bytes) -> None:
+        if self._z is None:
+            self._add(chunk)
+            return
+        try:
+            data = self._z.decompress(chunk, self.cap - self.size + 1)
+            self._add(data)
+            while self._z.unconsumed_tail:
+                data = self._z.decompress(self._z.unconsumed_tail, self.cap - self.size + 1)
+                if not data:
+                    break
+                self._add(data)
+        except zlib.error as exc:
+            raise ScrapeError("decode", f"bad {('gzip' if self._z else '')} body: {exc}") from None
+
+    def finish(self) -> bytes:
+        if self._z is not None:
+            try:
+                self._add(self._z.flush())
+            except zlib.error as exc:
+                raise ScrapeError("decode", f"truncated compressed body: {exc}") from None
+        return b"".join(self.parts)
+
+
+class Scraper:
+    """Shared HTTP client for every target; call `aclose()` when done."""
+
+    def __init__(self, *, timeout: float = 5.0, max_body_bytes: int = 16 * 2**20,
+                 concurrency: int = 64, verify: bool | str = True) -> None:
+        self.timeout = timeout
+        self.max_body_bytes = max_body_bytes
+        self.semaphore = asyncio.Semaphore(concurrency)
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
+                                keepalive_expiry=120),
+            headers={"User-Agent": USER_AGENT},
+            follow_redirects=False,
+            verify=verify,
+            trust_env=False,
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def fetch(self, url: str, *, accept: str = ACCEPT, cap: int | None = None) -> Fetched:
+        """GET `url`; the whole exchange must finish within the scrape timeout."""
+        cap = self.max_body_bytes if cap is None else cap
+        start = time.perf_counter()
+        async with self.semaphore:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    async with self.client.stream("GET", url, headers={"Accept": accept,
+                                                                       "Accept-Encoding": "gzip"}) as resp:
+                        if resp.status_code != 200:
+                            raise ScrapeError("http_status", f"HTTP {resp.status_code} from {url}")
+                        length = resp.headers.get("content-length")
+                        if length and length.isdigit() and int(length) > cap and \
+                                not resp.headers.get("content-encoding"):
+                            raise ScrapeError("body_too_large",
+                                              f"Content-Length {length} exceeds max_body_bytes ({cap} bytes)")
+                        decoder = _Decoder(resp.headers.get("content-encoding", ""), cap)
+                        async for chunk in resp.aiter_raw():
+                            decoder.feed(chunk)
+                        body = decoder.finish()
+                        status = resp.status_code
+            except TimeoutError:
+                raise ScrapeError("timeout", f"no complete answer from {url} within {self.timeout:g}s") from None
+            except httpx.ConnectError as exc:
+                raise ScrapeError("connect", f"cannot connect to {url}: {exc or type(exc).__name__}") from None
+            except httpx.TimeoutException:
+                raise ScrapeError("timeout", f"no complete answer from {url} within {self.timeout:g}s") from None
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                raise ScrapeError("read", f"connection to {url} broke: {exc or type(exc).__name__}") from None
+            except httpx.HTTPError as exc:
+                raise ScrapeError("read", f"request to {url} failed: {exc or type(exc).__name__}") from None
+        return Fetched(body, status, time.perf_counter() - start)
+
+    async def metadata(self, base_url: str) -> Metadata:
+        """`/version` and `/v1/models`; failures leave fields unknown (they are optional)."""
+        version = None
+        served: tuple[str, ...] = ()
+        lengths: dict[str, int] = {}
+        roots: dict[str, str] = {}
+        results = await asyncio.gather(
+            self.fetch(base_url + "/version", accept="application/json", cap=64 * 1024),
+            self.fetch(base_url + "/v1/models", accept="application/json", cap=1024 * 1024),
+            return_exceptions=True,
+        )
+        ver, models = results
+        if isinstance(ver, Fetched):
+            doc = _json(ver.body)
+            if isinstance(doc, dict) and isinstance(doc.get("version"), str):
+                version = doc["version"]
+        if isinstance(models, Fetched):
+            doc = _json(models.body)
+            data = doc.get("data") if isinstance(doc, dict) else None
+            if isinstance(data, list):
+                names = []
+                for entry in data:
+                    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                        continue
+                    if entry.get("parent"):   # LoRA adapters name their base model as parent
+                        continue
+                    names.append(entry["id"])
+                    if isinstance(entry.get("max_model_len"), int):
+                        lengths[entry["id"]] = entry["max_model_len"]
+                    if isinstance(entry.get("root"), str):
+                        roots[entry["id"]] = entry["root"]
+                served = tuple(names)
+        return Metadata(version, served, lengths or None, roots or None, time.time())
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None

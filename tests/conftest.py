@@ -1,0 +1,55 @@
+"""Shared test fixtures: where the shared reference data lives, free loopback ports, and small
+real HTTP servers on 127.0.0.1 (see `loopback.py`)."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def shared_path(*parts: str) -> Path:
+    """A file under ../shared, or skip the test when the shared data is not beside the repo."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"shared reference data not found at {path} (clone the project next to shared/)")
+    return path
+
+
+@pytest.fixture
+def shared():
+    return shared_path
+
+
+@pytest.fixture
+def captures():
+    """The real vLLM /metrics captures in ../shared/fixtures/prom, as {file name: bytes}."""
+    folder = shared_path("fixtures", "prom")
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.prom"))}
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def port():
+    return free_port()
+
+
+@pytest.fixture
+def cli_env():
+    """Environment for running the installed `vllm-drift` in a subprocess."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
