@@ -1,0 +1,5 @@
+"""The configuration calculator's model: pure functions from (architecture, GPU, engine flags,
+traffic) to predicted capacity and speed. No I/O beyond reading the packaged catalogs."""
+from exporter.model.gpus import GPU, GPUS, gpu_names, resolve_gpu
+from exporter.model.architectures import ModelArch, arch_from_config, catalog_ids, load_hf_config, resolve_model
+from exporter.model.setup import DEFAULT_VLLM_VERSION, Setup, make_setup, parse_version

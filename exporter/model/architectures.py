@@ -1,0 +1,455 @@
+"""Model architectures: what the capacity and speed model needs to know about a checkpoint.
+
+Why: KV bytes per token, weight bytes and step FLOPs are closed-form functions of a handful of
+config.json fields (layers, heads, KV heads, head size, MLA ranks, sliding windows, experts), so
+we read exactly those, from a user's local config.json or from the built-in catalog
+(`data/models.yaml`, stored in config.json's own key names so one reader serves both).
+Parameter counts are derived from the same fields; multimodal towers come from the catalog.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from exporter.errors import CatalogError, InputError
+
+FULL, SLIDING, CHUNKED, MAMBA, LINEAR = "full", "sliding", "chunked", "mamba", "linear"
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
+               "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": 1, "int8": 1}
+
+# Bytes per parameter of a quantised linear layer (weights + scales), by scheme. Sources:
+# fp8/w8a8 one byte plus per-channel scales; w4a16/GPTQ/AWQ 4 bits plus an fp16 scale (and for AWQ
+# a 4-bit zero) per 128-weight group; MXFP4 4 bits plus one e8m0 scale per 32; NVFP4 4 bits plus an
+# fp8 scale per 16 (OCP MX spec / NVIDIA NVFP4 format).
+QUANT_BYTES_PER_PARAM = {
+    None: None, "fp8": 1.0, "w8a8": 1.0, "int8": 1.0, "w8a16": 1.0 + 2 / 128, "gptq-int8": 1.0 + 2 / 128,
+    "w4a16": 0.5 + 2 / 128, "gptq": 0.5 + 2 / 128, "awq": 0.5 + 2.5 / 128,
+    "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "fp4": 0.5 + 1 / 16,
+}
+QUANT_ALIASES = {
+    "fp8": "fp8", "fp8-dynamic": "fp8", "fp8_dynamic": "fp8", "fbgemm_fp8": "fp8", "modelopt": "fp8",
+    "w8a8": "w8a8", "int8": "w8a8", "compressed-tensors-w8a8": "w8a8", "smoothquant": "w8a8",
+    "w4a16": "w4a16", "gptq": "gptq", "gptq_marlin": "gptq", "gptq-int4": "gptq", "marlin": "gptq",
+    "awq": "awq", "awq_marlin": "awq", "w8a16": "w8a16", "gptq-int8": "gptq-int8",
+    "mxfp4": "mxfp4", "nvfp4": "nvfp4", "fp4": "nvfp4", "modelopt_fp4": "nvfp4",
+    "none": None, "auto": None, "": None,
+}
+
+
+def normalize_quantization(name: str | None) -> str | None:
+    """Map a quantization flag/method name to one of QUANT_BYTES_PER_PARAM's keys."""
+    if name is None:
+        return None
+    key = name.strip().lower()
+    if key in QUANT_ALIASES:
+        return QUANT_ALIASES[key]
+    raise InputError(f"unknown quantization {name!r}; known: "
+                     + ", ".join(sorted(k for k in QUANT_ALIASES if k)))
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """The architecture fields of one model (one language model; towers only as a count)."""
+
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    gated_mlp: bool = True
+    attention: str = "gqa"                 # "mha" | "gqa" | "mla"
+    # MLA (DeepSeek-V2/V3, Kimi): the cached latent is kv_lora_rank + qk_rope_head_dim per token
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    # per-layer attention kind (FULL, SLIDING, CHUNKED, MAMBA, LINEAR), length num_layers
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int = 0
+    attention_chunk_size: int = 0
+    state_bytes_per_layer: int = 0         # Mamba / linear-attention recurrent state per request
+    # MoE
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_experts: int = 0                # count of shared experts of moe_intermediate_size
+    shared_expert_intermediate_size: int = 0
+    moe_layers: tuple[int, ...] = ()       # indices of MoE layers
+    extra_params: int = 0                  # vision tower etc., kept in native dtype
+    native_dtype: str = "bfloat16"
+    quantization: str | None = None
+    source: str = field(default="", compare=False)
+
+    # ---- derived counts -------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return len(set(self.layer_types)) > 1
+
+    def attention_params_per_layer(self) -> int:
+        h = self.hidden_size
+        if self.attention == "mla":
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk
+                 if self.q_lora_rank else h * self.num_heads * qk)
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * self.num_heads * (
+                self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + self.num_heads * self.v_head_dim * h
+        q = h * self.num_heads * self.head_dim
+        kv = 2 * h * self.num_kv_heads * self.head_dim
+        return q + kv + self.num_heads * self.head_dim * h
+
+    def dense_mlp_params(self) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def shared_expert_params(self) -> int:
+        return 3 * self.hidden_size * (self.shared_experts * self.moe_intermediate_size
+                                       + self.shared_expert_intermediate_size)
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def layer_params(self) -> tuple[int, int, int]:
+        """(linear params that quantisation applies to, routed-expert params among them,
+        params kept in native dtype such as norms and routers), summed over all layers."""
+        linear = experts = other = 0
+        moe = set(self.moe_layers)
+        for i in range(self.num_layers):
+            other += 2 * self.hidden_size
+            if self.layer_types and self.layer_types[i] in (MAMBA, LINEAR):
+                linear += self.attention_params_per_layer()  # same order of projections
+            else:
+                linear += self.attention_params_per_layer()
+            if i in moe:
+                e = self.num_experts * self.expert_params()
+                linear += e + self.shared_expert_params()
+                experts += e
+                other += self.hidden_size * self.num_experts
+            else:
+                linear += self.dense_mlp_params()
+        return linear, experts, other
+
+    @property
+    def total_params(self) -> int:
+        linear, _, other = self.layer_params()
+        return linear + other + self.embedding_params + self.lm_head_params + self.extra_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters touched per token: everything except the routed experts not chosen."""
+        if not self.is_moe:
+            return self.total_params - self.extra_params
+        idle = len(self.moe_layers) * (self.num_experts - self.experts_per_token) * self.expert_params()
+        return self.total_params - self.extra_params - idle
+
+    def with_quantization(self, quantization: str | None, name: str | None = None) -> "ModelArch":
+        return replace(self, quantization=quantization, name=name or self.name)
+
+
+# ---- reading config.json ------------------------------------------------------------------
+
+_LM_KEYS = ("text_config", "language_config", "llm_config")
+
+
+def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    raise CatalogError(f"{where}: missing field {keys[0]!r} in config.json")
+
+
+def _opt(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) -> tuple[str, ...]:
+    kinds = {"full_attention": FULL, "attention": FULL, "sliding_attention": SLIDING,
+             "chunked_attention": CHUNKED, "linear_attention": LINEAR, "mamba": MAMBA,
+             "mamba2": MAMBA}
+    if isinstance(cfg.get("layer_types"), list):
+        raw = cfg["layer_types"]
+        if len(raw) != n:
+            raise CatalogError(f"{where}: layer_types has {len(raw)} entries, expected {n}")
+        return tuple(kinds.get(str(t), FULL) for t in raw)
+    if isinstance(cfg.get("layer_types_pattern"), list):  # catalog shorthand: repeat the pattern
+        pat = [kinds.get(str(t), FULL) for t in cfg["layer_types_pattern"]]
+        return tuple(pat[i % len(pat)] for i in range(n))
+    window = cfg.get("sliding_window")
+    if model_type == "gemma2" and window:
+        return tuple(SLIDING if i % 2 == 0 else FULL for i in range(n))
+    if model_type in ("gemma3_text", "gemma3") and window:
+        every = int(cfg.get("sliding_window_pattern") or 6)
+        return tuple(FULL if (i + 1) % every == 0 else SLIDING for i in range(n))
+    if model_type in ("llama4_text", "llama4") and cfg.get("attention_chunk_size"):
+        if isinstance(cfg.get("no_rope_layers"), list) and len(cfg["no_rope_layers"]) == n:
+            return tuple(CHUNKED if use_rope else FULL for use_rope in cfg["no_rope_layers"])
+        every = int(cfg.get("no_rope_layer_interval") or 4)
+        return tuple(FULL if (i + 1) % every == 0 else CHUNKED for i in range(n))
+    if isinstance(cfg.get("attn_layer_indices"), list) or isinstance(cfg.get("attn_layer_period"), int):
+        # Jamba-style hybrids: attention only at listed/periodic layers, Mamba elsewhere
+        if isinstance(cfg.get("attn_layer_indices"), list):
+            attn = set(cfg["attn_layer_indices"])
+        else:
+            period, offset = int(cfg["attn_layer_period"]), int(cfg.get("attn_layer_offset") or 0)
+            attn = {i for i in range(n) if i % period == offset}
+        return tuple(FULL if i in attn else MAMBA for i in range(n))
+    if isinstance(cfg.get("hybrid_override_pattern"), str):  # Nemotron-H: M=mamba, *=attention
+        pat = cfg["hybrid_override_pattern"]
+        return tuple(FULL if c == "*" else MAMBA for c in pat if c in "M*")[:n] or (FULL,) * n
+    if window and model_type in ("mistral", "phi3", "starcoder2", "mixtral") and \
+            cfg.get("use_sliding_window", True) and int(window) < int(cfg.get("max_position_embeddings") or 0):
+        return (SLIDING,) * n
+    return (FULL,) * n
+
+
+def _state_bytes(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int) -> int:
+    """Recurrent state per request per Mamba/linear layer (conv state + SSM state), in bytes.
+    Mamba2: conv (d_conv-1) x (d_inner + 2*groups*d_state), ssm heads x head_dim x d_state;
+    gated delta net: conv over q,k,v channels, state heads x k_dim x v_dim. fp32 SSM state."""
+    if MAMBA in types:
+        d_state = int(_opt(cfg, "mamba_d_state", "ssm_state_size", "state_size", default=128))
+        d_conv = int(_opt(cfg, "mamba_d_conv", "conv_kernel", default=4))
+        expand = int(_opt(cfg, "mamba_expand", "expand", default=2))
+        d_inner = int(_opt(cfg, "mamba_d_inner", default=expand * hidden))
+        groups = int(_opt(cfg, "mamba_n_groups", "n_groups", default=1))
+        conv = (d_conv - 1) * (d_inner + 2 * groups * d_state) * 2
+        return conv + d_inner * d_state * 4
+    if LINEAR in types:
+        kh = int(_opt(cfg, "linear_num_key_heads", default=16))
+        vh = int(_opt(cfg, "linear_num_value_heads", default=32))
+        kd = int(_opt(cfg, "linear_key_head_dim", default=128))
+        vd = int(_opt(cfg, "linear_value_head_dim", default=128))
+        conv_k = int(_opt(cfg, "linear_conv_kernel_dim", default=4))
+        conv = (conv_k - 1) * (2 * kh * kd + vh * vd) * 2
+        return conv + vh * kd * vd * 4
+    return 0
+
+
+def _quant_from_config(cfg: Mapping[str, Any]) -> str | None:
+    qc = cfg.get("quantization_config") or cfg.get("compression_config")
+    if not isinstance(qc, Mapping):
+        return None
+    method = str(qc.get("quant_method") or qc.get("format") or "").lower()
+    bits = qc.get("bits") or qc.get("w_bit")
+    if method in ("gptq", "awq"):
+        return method if int(bits or 4) == 4 else "gptq-int8"
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        for group in groups.values() if isinstance(groups, Mapping) else ():
+            w = (group or {}).get("weights") or {}
+            a = (group or {}).get("input_activations") or {}
+            nbits, typ = int(w.get("num_bits") or 8), str(w.get("type") or "int")
+            if typ == "float" and nbits == 8:
+                return "fp8"
+            if nbits == 4:
+                return "nvfp4" if typ == "float" else "w4a16"
+            return "w8a8" if a else "w8a16"
+        return "w8a8"
+    return QUANT_ALIASES.get(method, None) if method in QUANT_ALIASES else None
+
+
+def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
+                     extra_params: int = 0, quantization: str | None = None) -> ModelArch:
+    """Build a ModelArch from a parsed HF config.json (nested text_config supported)."""
+    if not isinstance(config, Mapping):
+        raise CatalogError(f"{where}: config.json is not a JSON object")
+    outer = config
+    cfg: Mapping[str, Any] = config
+    for key in _LM_KEYS:
+        if isinstance(config.get(key), Mapping) and config[key]:
+            cfg = {**{k: v for k, v in config.items() if k not in _LM_KEYS}, **config[key]}
+            break
+    model_type = str(cfg.get("model_type") or outer.get("model_type") or "unknown")
+    n = int(_need(cfg, ("num_hidden_layers", "n_layer", "num_layers"), where))
+    hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model"), where))
+    heads = int(_need(cfg, ("num_attention_heads", "n_head"), where))
+    kv_heads = int(_opt(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
+    head_dim = int(_opt(cfg, "head_dim", default=hidden // heads))
+    vocab = int(_need(cfg, ("vocab_size", "padded_vocab_size"), where))
+    max_pos = int(_need(cfg, ("max_position_embeddings", "n_positions", "seq_length",
+                              "max_sequence_length"), where))
+    n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
+    k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
+    if n_experts:
+        if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax"):
+            moe_inter = int(_need(cfg, ("intermediate_size",), where))
+            inter = int(_opt(cfg, "intermediate_size_mlp", default=moe_inter))
+        else:
+            moe_inter = int(_need(cfg, ("moe_intermediate_size",), where))
+            inter = int(_opt(cfg, "intermediate_size", default=moe_inter))
+        if not k:
+            raise CatalogError(f"{where}: missing field 'num_experts_per_tok' in config.json")
+    else:
+        moe_inter = 0
+        inter = int(_need(cfg, ("intermediate_size", "n_inner", "ffn_hidden_size"), where))
+    # which layers are MoE
+    moe_layers: tuple[int, ...] = ()
+    if n_experts:
+        first_dense = int(_opt(cfg, "first_k_dense_replace", default=0) or 0)
+        freq = int(_opt(cfg, "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
+                        default=1) or 1)
+        mlp_only = set(_opt(cfg, "mlp_only_layers", default=[]) or [])
+        if model_type in ("llama4_text", "llama4") and freq > 1:
+            moe_layers = tuple(i for i in range(n) if (i + 1) % freq == 0)
+        else:
+            moe_layers = tuple(i for i in range(n) if i >= first_dense and i % freq == 0
+                               and i not in mlp_only)
+    shared = int(_opt(cfg, "n_shared_experts", default=0) or 0)
+    shared_inter = int(_opt(cfg, "shared_expert_intermediate_size", default=0) or 0)
+    if model_type in ("llama4_text", "llama4") and n_experts:
+        shared_inter = moe_inter  # Llama 4 adds one always-on shared expert per MoE layer
+    mla = cfg.get("kv_lora_rank") is not None
+    types = _layer_types(cfg, model_type, n, where)
+    dtype = str(_opt(cfg, "torch_dtype", "dtype", default=outer.get("torch_dtype") or "bfloat16"))
+    if quantization is None:
+        quantization = _quant_from_config(outer) or _quant_from_config(cfg)
+    gated = model_type not in ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox")
+    return ModelArch(
+        name=name, model_type=model_type, num_layers=n, hidden_size=hidden, num_heads=heads,
+        num_kv_heads=1 if mla else kv_heads, head_dim=head_dim, intermediate_size=inter,
+        vocab_size=vocab, max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(_opt(cfg, "tie_word_embeddings", default=model_type in ("gemma", "gemma2", "gemma3_text"))),
+        gated_mlp=gated,
+        attention="mla" if mla else ("mha" if kv_heads == heads else "gqa"),
+        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
+        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+        qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
+        v_head_dim=int(cfg.get("v_head_dim") or 0),
+        q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        layer_types=types,
+        sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
+        attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
+        state_bytes_per_layer=_state_bytes(cfg, types, hidden),
+        num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,
+        shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
+        extra_params=int(extra_params), native_dtype=dtype,
+        quantization=normalize_quantization(quantization) if quantization else None,
+        source=where,
+    )
+
+
+def load_hf_config(path: str | Path) -> ModelArch:
+    """Read a local HF `config.json` (or a model directory holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read config.json ({exc.strerror or exc})") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    name = config.get("_name_or_path") or p.parent.name or str(p)
+    return arch_from_config(config, name=str(name), where=str(p))
+
+
+# ---- the built-in catalog -------------------------------------------------------------------
+
+_QUANT_SUFFIXES = (  # longest first; (pattern at end of the stem, quantization)
+    (r"-quantized\.w4a16$", "w4a16"), (r"-quantized\.w8a8$", "w8a8"), (r"-quantized\.w8a16$", "w8a16"),
+    (r"-fp8[-_]dynamic$", "fp8"), (r"-fp8[-_]static$", "fp8"), (r"-gptq-int4$", "gptq"),
+    (r"-gptq-int8$", "gptq-int8"), (r"-gptq$", "gptq"), (r"-awq$", "awq"), (r"-w4a16$", "w4a16"),
+    (r"-w8a8$", "w8a8"), (r"-int8$", "w8a8"), (r"-int4$", "w4a16"), (r"-nvfp4$", "nvfp4"),
+    (r"-fp4$", "nvfp4"), (r"-mxfp4$", "mxfp4"), (r"-fp8$", "fp8"),
+)
+
+
+def _stem(model_id: str) -> str:
+    s = model_id.strip().rstrip("/").split("/")[-1].lower()
+    s = re.sub(r"^meta-(?=llama)", "", s)
+    while True:
+        t = re.sub(r"-(instruct|chat|hf|it|base|pt|\d{4}|v\d+\.\d+)$", "", s)
+        if t == s:
+            return s
+        s = t
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> tuple[dict[str, dict], dict[str, str], dict[str, str]]:
+    text = resources.files("exporter.model").joinpath("data/models.yaml").read_text(encoding="utf-8")
+    entries: dict[str, dict] = yaml.safe_load(text)["models"]
+    by_id: dict[str, str] = {}
+    by_stem: dict[str, str] = {}
+    for model_id, entry in entries.items():
+        for alias in (model_id, *entry.get("aliases", [])):
+            by_id[alias.lower()] = model_id
+            by_stem.setdefault(_stem(alias), model_id)
+    return entries, by_id, by_stem
+
+
+@lru_cache(maxsize=256)
+def _catalog_arch(model_id: str) -> ModelArch:
+    entries, _, _ = _catalog()
+    e = entries[model_id]
+    return arch_from_config(e["config"], name=model_id, where=e.get("source", model_id),
+                            extra_params=int(e.get("extra_params") or 0),
+                            quantization=e.get("quantization"))
+
+
+def catalog_ids() -> list[str]:
+    return list(_catalog()[0])
+
+
+def resolve_model(name: str) -> ModelArch:
+    """A catalog id (case-insensitive, quantised variants by name) or a local config.json/dir."""
+    if not name:
+        raise CatalogError("empty model name")
+    p = Path(name)
+    if name.endswith(".json") or p.is_dir() or (p.exists() and p.is_file()):
+        return load_hf_config(p)
+    entries, by_id, by_stem = _catalog()
+    key = name.strip().lower()
+    if key in by_id:
+        return _catalog_arch(by_id[key])
+    stem, quant = _stem(key), None
+    for pattern, q in _QUANT_SUFFIXES:
+        if re.search(pattern, stem):
+            stem, quant = _stem(re.sub(pattern, "", stem)), q
+            break
+    if stem in by_stem:
+        arch = _catalog_arch(by_stem[stem])
+        if quant and arch.quantization != quant:
+            return arch.with_quantization(quant, name=name)
+        return arch if not quant else replace(arch, name=name)
+    candidates = list(entries) + [a for e in entries.values() for a in e.get("aliases", [])]
+    close = difflib.get_close_matches(name, candidates, n=5, cutoff=0.4)
+    if not close:
+        close = difflib.get_close_matches(stem, [c.split("/")[-1].lower() for c in candidates],
+                                          n=5, cutoff=0.4)
+        close = [c for c in candidates if c.split("/")[-1].lower() in close][:5]
+    hint = ", ".join(dict.fromkeys(close)) if close else "see `catalog_ids()`"
+    raise CatalogError(f"unknown model {name!r} (not a catalog id nor a local config.json); "
+                       f"closest catalog names: {hint}")

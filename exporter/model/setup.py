@@ -1,0 +1,155 @@
+"""One vLLM deployment as the model sees it: architecture, GPU, parallelism and engine flags.
+
+Why: every prediction (KV capacity, step time, the optimiser) is a function of the same dozen
+engine settings, and vLLM fills the ones a user leaves out with defaults that changed across
+releases. `Setup.build` applies those defaults for the chosen version once, so the rest of the
+model reads plain resolved values.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from exporter.errors import InputError
+from exporter.model.architectures import (DTYPE_BYTES, ModelArch, normalize_quantization,
+                                          resolve_model)
+from exporter.model.gpus import GPU, resolve_gpu
+
+Version = tuple[int, int, int]
+
+# Version milestones (vLLM releases) that change capacity accounting. Sources:
+# ../shared/reference/perf-model.md section 1.1 "Version history".
+V1_DEFAULT = (0, 8, 0)          # V1 engine on by default; before: V0, logs "# GPU blocks"
+BATCH_DEFAULTS_BY_GPU = (0, 9, 0)  # get_batch_defaults: 8192/1024 on >=70 GiB non-A100 GPUs [unverified]
+SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR #205 blog)
+UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vllm PR #38284) [release unverified]
+CUDAGRAPH_ESTIMATE = (0, 21, 0)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default (vllm PR #41099)
+TOKENS_FROM_CONCURRENCY = (0, 21, 0)  # "GPU KV cache size" = max_concurrency x max_model_len (PR #40694) [release unverified]
+DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is calibrated on
+
+_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+           "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
+           "float": "float32"}
+_KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8_inc": "fp8",
+              "fp8_ds_mla": "fp8_ds_mla", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def parse_version(text: str | tuple | None) -> Version:
+    """'0.19.0', 'v0.11.2', '0.6.4.post1' -> (0, 19, 0); None -> the default."""
+    if text is None or text == "":
+        return DEFAULT_VLLM_VERSION
+    if isinstance(text, tuple):
+        return tuple(int(x) for x in (*text, 0, 0)[:3])  # type: ignore[return-value]
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
+    if not m:
+        raise InputError(f"--vllm-version: cannot read {text!r} (expected X.Y.Z)")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A resolved deployment: every field has its effective value (no 'auto' except kv dtype)."""
+
+    model: ModelArch
+    gpu: GPU
+    tp: int
+    pp: int
+    dtype: str                       # activation/weight dtype: bfloat16 | float16 | float32
+    quantization: str | None         # weight quantization scheme, None for native dtype
+    kv_cache_dtype: str              # "auto" (= dtype) | "fp8" | ...
+    gpu_memory_utilization: float
+    gpu_memory_gib: float            # effective total memory per GPU
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    vllm_version: Version
+    enable_chunked_prefill: bool = True
+
+    @property
+    def v0(self) -> bool:
+        return self.vllm_version < V1_DEFAULT
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        if self.kv_cache_dtype == "auto":
+            return DTYPE_BYTES[self.dtype]
+        return DTYPE_BYTES.get(self.kv_cache_dtype, 1)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def cudagraph_estimate_subtracted(self) -> bool:
+        return self.vllm_version >= CUDAGRAPH_ESTIMATE
+
+    def with_(self, **changes) -> "Setup":
+        """A copy with some fields changed (e.g. the optimiser trying another max_num_seqs)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def build(cls, model: str | ModelArch, gpu: str | GPU, *, tp: int = 1, pp: int = 1,
+              dtype: str = "auto", quantization: str | None = None, kv_cache_dtype: str = "auto",
+              gpu_memory_utilization: float | None = None, gpu_memory_gib: float | None = None,
+              max_model_len: int | None = None, max_num_seqs: int | None = None,
+              max_num_batched_tokens: int | None = None, block_size: int | None = None,
+              vllm_version: str | tuple | None = None) -> "Setup":
+        """Resolve names and fill in vLLM's defaults of the given version."""
+        arch = resolve_model(model) if isinstance(model, str) else model
+        dev = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
+        version = parse_version(vllm_version)
+        if tp < 1 or pp < 1:
+            raise InputError(f"--tp/--pp must be >= 1 (got tp={tp}, pp={pp})")
+        if pp > arch.num_layers:
+            raise InputError(f"--pp {pp} exceeds the model's {arch.num_layers} layers")
+        d = _DTYPES.get((dtype or "auto").lower())
+        if d is None:
+            raise InputError(f"--dtype: unknown dtype {dtype!r}; one of {', '.join(sorted(_DTYPES))}")
+        if d == "auto":
+            d = arch.native_dtype if arch.native_dtype in ("bfloat16", "float16") else "bfloat16"
+        if d == "bfloat16" and dev.bf16_tflops == 0 and dev.vendor == "nvidia":
+            d = "float16"  # vLLM falls back to fp16 on GPUs without bf16 (compute capability < 8)
+        kv = _KV_DTYPES.get((kv_cache_dtype or "auto").lower())
+        if kv is None:
+            raise InputError(f"--kv-cache-dtype: unknown {kv_cache_dtype!r}; one of auto, fp8")
+        quant = normalize_quantization(quantization) if quantization else arch.quantization
+        if quantization and quantization.lower() in ("compressed-tensors", "fp8 (runtime)"):
+            quant = arch.quantization or "fp8"
+        util = gpu_memory_utilization
+        if util is None:
+            util = 0.92 if version >= UTIL_092 else 0.9
+        if not 0 < util <= 1:
+            raise InputError(f"--gpu-memory-utilization must be in (0, 1] (got {util})")
+        mem = dev.memory_gib if gpu_memory_gib is None else float(gpu_memory_gib)
+        if mem <= 0:
+            raise InputError(f"--gpu-memory-gib must be positive (got {mem})")
+        mml = int(max_model_len) if max_model_len else arch.max_position_embeddings
+        if mml < 1:
+            raise InputError(f"--max-model-len must be positive (got {mml})")
+        v0 = version < V1_DEFAULT
+        if v0:
+            seqs = max_num_seqs or 256
+            chunked = mml > 32768  # V0 turned chunked prefill on only for long contexts
+            mnbt = max_num_batched_tokens or (512 if chunked else max(mml, 2048))
+        else:
+            chunked = True
+            large = dev.large_batch_defaults and version >= BATCH_DEFAULTS_BY_GPU
+            seqs = max_num_seqs or (1024 if large else 256)
+            mnbt = max_num_batched_tokens or (8192 if large else 2048)
+        bs = int(block_size) if block_size else 16
+        if bs < 1:
+            raise InputError(f"--block-size must be positive (got {bs})")
+        return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
+                   kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
+                   max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
+                   block_size=bs, vllm_version=version, enable_chunked_prefill=chunked)
+
+
+def make_setup(model: str | ModelArch, gpu: str | GPU, **kwargs) -> Setup:
+    """Functional spelling of `Setup.build`."""
+    return Setup.build(model, gpu, **kwargs)
