@@ -142,7 +142,14 @@ class Site:
         self._ready.wait(5)
         return self
 
+    async def _shutdown(self) -> None:
+        self.server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)

@@ -1,0 +1,343 @@
+"""The `serve` daemon: discover -> scrape -> parse -> window -> evaluate -> publish.
+
+One asyncio loop runs two APScheduler jobs that never overlap themselves (`max_instances=1`):
+the scrape cycle (every `scrape.interval`, with jitter) and the evaluation (every
+`evaluation.interval`). The HTTP endpoints run in their own thread and only ever read the last
+published, immutable state. Bad input never stops the daemon: a bad target is counted by reason,
+a bad config reload keeps the config in force.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from exporter.config import Config, TargetSpec, build_config
+from exporter.discovery import Discovery, build_discovery
+from exporter.errors import InputError, ParseError
+from exporter.evaluate import Evaluator
+from exporter.export.collector import Exposition, FleetView, TargetView
+from exporter.export.server import HTTPServer, Published
+from exporter.parse import parse_vllm
+from exporter.parse.snapshot import Snapshot
+from exporter.report import ModelReport
+from exporter.scrape import Metadata, Scraper, ScrapeError
+from exporter.window import Window
+
+log = structlog.get_logger("vllm_drift")
+
+
+@dataclass
+class TargetState:
+    """Everything the daemon keeps about one target between cycles."""
+
+    spec: TargetSpec
+    up: bool | None = None
+    duration_s: float | None = None
+    last_success: float | None = None
+    last_error: str | None = None
+    last_reason: str | None = None
+    errors: dict[str, float] = field(default_factory=dict)
+    metadata: Metadata | None = None
+    windows: dict[str, Window] = field(default_factory=dict)
+    latest: dict[str, Snapshot] = field(default_factory=dict)
+    reports: dict[str, ModelReport] = field(default_factory=dict)
+    start_time: float | None = None
+
+    def fail(self, reason: str, message: str, now: float) -> None:
+        self.up = False
+        self.errors[reason] = self.errors.get(reason, 0.0) + 1.0
+        if message != self.last_error:
+            log.warning("scrape failed", target=self.spec.url, reason=reason, error=message)
+        self.last_error, self.last_reason = message, reason
+
+
+class Daemon:
+    def __init__(self, cfg: Config, *, config_path: str | None = None,
+                 cli_targets: list[str] | None = None, cli_listen: str | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.cli_targets, self.cli_listen = cli_targets, cli_listen
+        self.config_stamp = self._stamp()
+        self.config_loaded_at = time.time()
+        self.reload_failures = 0.0
+        self.reloads = 0.0
+        self.discovery_errors: dict[str, float] = {}
+        self.discovery: Discovery = build_discovery(cfg, on_error=self._discovery_error)
+        self.scraper = self._make_scraper(cfg)
+        self.evaluator = Evaluator(cfg)
+        self.targets: dict[str, TargetState] = {}
+        self.exposition = Exposition()
+        self.published = Published(self.exposition.render)
+        self.published.reload = self._reload_from_http
+        self.http: HTTPServer | None = None
+        self.last_evaluation: float | None = None
+        self.evaluation_duration: float | None = None
+        self.cycle_duration: float | None = None
+        self.cycles = 0.0
+        self.skipped_cycles = 0.0
+        self.ready = False
+        self.scheduler: AsyncIOScheduler | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._stop = asyncio.Event()
+        self._reload_requested = False
+
+    # ----------------------------------------------------------------- setup
+    @staticmethod
+    def _make_scraper(cfg: Config) -> Scraper:
+        return Scraper(timeout=cfg.scrape.timeout, max_body_bytes=cfg.scrape.max_body_bytes,
+                       concurrency=cfg.scrape.concurrency)
+
+    def _stamp(self) -> tuple[float, int] | None:
+        if not self.config_path:
+            return None
+        try:
+            st = os.stat(self.config_path)
+            return (st.st_mtime, st.st_size)
+        except OSError:
+            return None
+
+    def _discovery_error(self, source: str, message: str) -> None:
+        self.discovery_errors[source] = self.discovery_errors.get(source, 0.0) + 1.0
+        log.error("discovery failed", source=source, error=message)
+
+    # ----------------------------------------------------------------- scrape
+    async def scrape_cycle(self) -> None:
+        start = time.perf_counter()
+        try:
+            wanted = self.discovery.targets()
+        except Exception as exc:  # a discovery source must never stop scraping
+            self._discovery_error("discovery", f"{type(exc).__name__}: {exc}")
+            wanted = {url: st.spec for url, st in self.targets.items()}
+        for url in list(self.targets):
+            if url not in wanted:
+                log.info("target removed", target=url)
+                del self.targets[url]
+        for url, spec in wanted.items():
+            state = self.targets.get(url)
+            if state is None:
+                self.targets[url] = TargetState(spec)
+                log.info("target added", target=url, source=spec.source)
+            elif state.spec != spec:
+                state.spec = spec
+        await asyncio.gather(*(self.scrape_one(st) for st in list(self.targets.values())))
+        self.cycle_duration = time.perf_counter() - start
+        self.cycles += 1
+        self.publish()
+
+    async def scrape_one(self, st: TargetState) -> None:
+        url = st.spec.url
+        now = time.time()
+        try:
+            fetched = await self.scraper.fetch(url + "/metrics")
+        except ScrapeError as exc:
+            st.duration_s = None
+            st.fail(exc.reason, str(exc), now)
+            return
+        try:
+            snaps = parse_vllm(fetched.body, target=url, timestamp=now)
+        except ParseError as exc:
+            st.duration_s = fetched.duration_s
+            st.fail(getattr(exc, "reason", "parse"), str(exc), now)
+            return
+        st.duration_s = fetched.duration_s
+        restarted = self._restarted(st, snaps)
+        if st.metadata is None or restarted or now - st.metadata.fetched_at > self.cfg.scrape.metadata_refresh:
+            st.metadata = await self.scraper.metadata(url)
+        st.up, st.last_success = True, now
+        if st.last_error is not None:
+            log.info("scrape recovered", target=url)
+            st.last_error = st.last_reason = None
+        window_s = self.cfg.evaluation.window
+        seen = set()
+        for snap in snaps:
+            seen.add(snap.model_name)
+            win = st.windows.get(snap.model_name)
+            if win is None:
+                win = st.windows[snap.model_name] = Window(window_s)
+            win.observe(snap)
+            st.latest[snap.model_name] = snap
+        for gone in set(st.latest) - seen:
+            st.latest.pop(gone, None)
+            st.windows.pop(gone, None)
+            st.reports.pop(gone, None)
+
+    @staticmethod
+    def _restarted(st: TargetState, snaps: list[Snapshot]) -> bool:
+        starts = [s.start_time for s in snaps if s.start_time is not None]
+        start = min(starts) if starts else None
+        changed = st.start_time is not None and start is not None and start != st.start_time
+        st.start_time = start
+        return changed
+
+    # ----------------------------------------------------------------- evaluate
+    def evaluate(self) -> None:
+        start = time.perf_counter()
+        now = time.time()
+        for st in self.targets.values():
+            for model, snap in st.latest.items():
+                try:
+                    st.reports[model] = self.evaluator.evaluate(st.spec, model, st.windows[model], snap,
+                                                                st.metadata, now)
+                except Exception:  # one target's bad data must not stop the others
+                    log.exception("evaluation failed", target=st.spec.url, model_name=model)
+        self.last_evaluation = time.time()
+        self.evaluation_duration = time.perf_counter() - start
+        self.ready = True
+        self.publish()
+
+    # ----------------------------------------------------------------- publish
+    def publish(self) -> None:
+        views, findings, targets = [], [], []
+        for url, st in sorted(self.targets.items()):
+            version = st.metadata.vllm_version if st.metadata else None
+            models = {m: s.engine_era for m, s in st.latest.items()}
+            reports = tuple(st.reports[m] for m in sorted(st.reports) if m in st.latest)
+            views.append(TargetView(url, st.spec.source, st.up, st.duration_s, st.last_success,
+                                    dict(st.errors), version, models, reports))
+            if reports:
+                findings.extend(r.to_json() for r in reports)
+            else:
+                findings.append({"target": url, "vllm_version": version, "model_name": None,
+                                 "status": "down" if st.up is False else "pending",
+                                 "error": st.last_error, "observed": {}, "findings": []})
+            targets.append({"target": url, "source": st.spec.source, "up": st.up,
+                            "scrape_duration_seconds": st.duration_s, "last_success": st.last_success,
+                            "last_error": st.last_error, "last_error_reason": st.last_reason,
+                            "errors": st.errors, "vllm_version": version, "models": models,
+                            "hints": st.spec.model_dump(exclude={"url", "source"}, exclude_none=True)})
+        view = FleetView(tuple(views), self.last_evaluation, self.evaluation_duration, self.reload_failures,
+                         self.reloads, self.config_loaded_at, dict(self.discovery_errors), self.cycle_duration,
+                         self.cycles, {}, self.ready)
+        self.exposition.publish(view)
+        self.published.findings = json.dumps({"generated_at": time.time(), "targets": findings}).encode()
+        self.published.targets = json.dumps({"targets": targets}).encode()
+        self.published.ready = self.ready
+
+    # ----------------------------------------------------------------- reload
+    def reload(self) -> str:
+        """Re-read the config file; an invalid one is logged and counted, the old one stays."""
+        try:
+            new = build_config(self.config_path, targets=self.cli_targets, listen=self.cli_listen)
+        except InputError as exc:
+            self.reload_failures += 1
+            log.error("config reload failed; keeping the config in force", error=str(exc))
+            self.publish()
+            return str(exc)
+        old, self.cfg = self.cfg, new
+        self.config_loaded_at = time.time()
+        self.reloads += 1
+        self.discovery.close()
+        self.discovery = build_discovery(new, on_error=self._discovery_error)
+        self.evaluator = Evaluator(new)
+        if new.scrape != old.scrape:
+            old_scraper, self.scraper = self.scraper, self._make_scraper(new)
+            asyncio.get_running_loop().create_task(old_scraper.aclose())
+        if self.scheduler is not None and (new.scrape.interval != old.scrape.interval
+                                           or new.evaluation.interval != old.evaluation.interval):
+            self.scheduler.reschedule_job("scrape", trigger="interval", seconds=new.scrape.interval,
+                                          jitter=min(new.scrape.jitter, new.scrape.interval / 4))
+            self.scheduler.reschedule_job("evaluate", trigger="interval", seconds=new.evaluation.interval)
+        if new.listen != old.listen:
+            log.warning("listen address changes take effect on restart", listen=new.listen)
+        if new.evaluation.window != old.evaluation.window:
+            for st in self.targets.values():
+                for win in st.windows.values():
+                    win.resize(new.evaluation.window)
+        log.info("config reloaded", path=self.config_path)
+        self.publish()
+        return "ok"
+
+    def _reload_from_http(self) -> str:
+        loop = self.loop
+        if loop is None:
+            return "not running"
+        fut = asyncio.run_coroutine_threadsafe(self._async_reload(), loop)
+        return fut.result(timeout=30)
+
+    async def _async_reload(self) -> str:
+        return self.reload()
+
+    async def watch_config(self) -> None:
+        stamp = self._stamp()
+        if self._reload_requested or (stamp is not None and stamp != self.config_stamp):
+            self._reload_requested = False
+            self.config_stamp = stamp
+            self.reload()
+
+    # ----------------------------------------------------------------- run
+    async def run(self, *, duration: float | None = None, on_listen=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.http = HTTPServer(self.cfg.listen, self.published, self.cfg.web)
+        self.http.start()
+        log.info("listening", address=self.cfg.listen, port=self.http.port, targets=len(self.discovery.targets()))
+        if on_listen:
+            on_listen(self.http.port)
+        self.publish()
+        loop = self.loop
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        try:
+            loop.add_signal_handler(signal.SIGHUP, self._request_reload)
+        except (NotImplementedError, RuntimeError, AttributeError):
+            pass
+        sched = self.scheduler = AsyncIOScheduler(event_loop=loop)
+        sched.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
+        now = __import__("datetime").datetime.now()
+        sc, ev = self.cfg.scrape, self.cfg.evaluation
+        sched.add_job(self.scrape_cycle, "interval", seconds=sc.interval, jitter=min(sc.jitter, sc.interval / 4),
+                      id="scrape", max_instances=1, coalesce=True, next_run_time=now, misfire_grace_time=None)
+        sched.add_job(self._evaluate_job, "interval", seconds=ev.interval, id="evaluate", max_instances=1,
+                      coalesce=True, misfire_grace_time=None)
+        sched.add_job(self.watch_config, "interval", seconds=2, id="config", max_instances=1, coalesce=True)
+        sched.start()
+        try:
+            if duration is None:
+                await self._stop.wait()
+            else:
+                try:
+                    await asyncio.wait_for(self._stop.wait(), duration)
+                except TimeoutError:
+                    pass
+        finally:
+            await self.shutdown()
+
+    async def _evaluate_job(self) -> None:
+        self.evaluate()
+
+    def _request_reload(self) -> None:
+        log.info("SIGHUP: reloading config")
+        self._reload_requested = True
+        asyncio.get_running_loop().create_task(self.watch_config())
+
+    def _skipped(self, event: Any) -> None:
+        if event.job_id == "scrape":
+            self.skipped_cycles += 1
+            log.warning("scrape cycle still running; skipping this one", skipped=self.skipped_cycles)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
+        # Let an in-flight cycle finish (bounded), then close the client and the server.
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=grace)
+        await self.scraper.aclose()
+        self.discovery.close()
+        if self.http is not None:
+            self.http.stop()
+        log.info("stopped")
