@@ -1,0 +1,156 @@
+"""`vllm-drift serve` as a real subprocess against real captures served over loopback HTTP."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import loopback
+from conftest import free_port
+
+VERSION = {"vllm-0.10.1": b'{"version":"0.10.1"}', "vllm-0.11.0": b'{"version":"0.11.0"}', "vllm-0.7.0": b'{"version":"0.7.0"}'}
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def samples(text, name):
+    """{labels-string: value} for one metric name in an exposition."""
+    out = {}
+    for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M):
+        out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+def wait_for(pred, timeout=30, step=0.2):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            got = pred()
+            if got:
+                return got
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(step)
+    raise AssertionError("condition not met in time")
+
+
+class Daemon:
+    def __init__(self, config_path, cli_env):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--config", str(config_path),
+                                      "--listen", f"127.0.0.1:{self.port}"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env)
+
+    def metrics(self):
+        return get(self.url + "/metrics")[1]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.stderr.read().decode()
+
+
+@pytest.fixture
+def fleet(captures):
+    """One loopback server per real capture (mixed eras), plus one that answers 500."""
+    sites = []
+    try:
+        for name, body in captures.items():
+            version = next((v for k, v in VERSION.items() if name.startswith(k)), b'{"version":"unknown"}')
+            site = loopback.Site(loopback.static({"/metrics": body, "/version": version,
+                                                   "/v1/models": b'{"data":[]}'}))
+            site.__enter__()
+            site.capture = name
+            sites.append(site)
+        bad = loopback.Site(loopback.status("500 Internal Server Error"))
+        bad.__enter__()
+        bad.capture = None
+        sites.append(bad)
+        yield sites
+    finally:
+        for s in sites:
+            s.__exit__(None, None, None)
+
+
+def test_serve_mixed_era_fleet(fleet, tmp_path, cli_env):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scrape: {interval: 1s, timeout: 1s}\nevaluation: {interval: 2s, window: 60s}\ntargets:\n" +
+                   "".join(f"  - url: {s.url}\n" for s in fleet))
+    d = Daemon(cfg, cli_env)
+    try:
+        body = wait_for(lambda: (t := d.metrics()) if len(samples(t, "vllm_drift_target_up")) == len(fleet) else None)
+        up = samples(body, "vllm_drift_target_up")
+        for s in fleet:
+            assert up[f'{{target="{s.url}"}}'] == (0.0 if s.capture is None else 1.0), s.capture
+        durations = samples(body, "vllm_drift_target_scrape_duration_seconds")
+        assert all(0 < v < 1 for v in durations.values()) and len(durations) == len(fleet)
+        bad = fleet[-1].url
+        errs = samples(body, "vllm_drift_scrape_errors_total")
+        assert errs[f'{{reason="http_status",target="{bad}"}}'] >= 1
+        info = samples(body, "vllm_drift_target_info")
+        assert any('vllm_version="0.10.1"' in k and 'engine_era="v1"' in k for k in info)
+        assert any('engine_era="v0"' in k for k in info)
+        # ready once the first evaluation finished, and findings list every target
+        wait_for(lambda: get(d.url + "/-/ready")[0] == 200)
+        doc = json.loads(get(d.url + "/api/v1/findings")[1])
+        by_target = {t["target"]: t for t in doc["targets"]}
+        assert set(by_target) == {s.url for s in fleet}
+        good = next(s for s in fleet if s.capture and s.capture.startswith("vllm-0.10.1"))
+        t = by_target[good.url]
+        assert t["observed"]["num_gpu_blocks"] == 850 and isinstance(t["findings"], list)
+        assert by_target[bad]["status"] == "down"
+        assert get(d.url + "/-/healthy")[0] == 200 and "/api/v1/findings" in get(d.url + "/")[1]
+        if shutil.which("promtool"):
+            check = subprocess.run(["promtool", "check", "metrics"], input=d.metrics(), capture_output=True, text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        log = d.stop()
+    assert d.proc.returncode == 0, log[-2000:]
+    assert '"event": "listening"' in log
+
+
+def test_bad_config_reload_keeps_the_old_one(fleet, tmp_path, cli_env):
+    cfg = tmp_path / "c.yaml"
+    good = fleet[0]
+    cfg.write_text(f"scrape: {{interval: 1s, timeout: 1s}}\nevaluation: {{interval: 2s, window: 60s}}\ntargets:\n  - url: {good.url}\n")
+    d = Daemon(cfg, cli_env)
+    try:
+        wait_for(lambda: samples(d.metrics(), "vllm_drift_target_up").get(f'{{target="{good.url}"}}') == 1.0)
+        cfg.write_text("scrape: {interval: 1s, timeout: 1s}\ntargets:\n  - url: not-a-url\n")
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: samples(d.metrics(), "vllm_drift_config_reload_failures_total").get("") == 1.0)
+        time.sleep(1.5)
+        assert samples(d.metrics(), "vllm_drift_target_up").get(f'{{target="{good.url}"}}') == 1.0
+        # a valid change is picked up from the file without a signal
+        other = fleet[1]
+        cfg.write_text(f"scrape: {{interval: 1s, timeout: 1s}}\ntargets:\n  - url: {good.url}\n  - url: {other.url}\n")
+        os.utime(cfg, (time.time() + 3, time.time() + 3))
+        wait_for(lambda: f'{{target="{other.url}"}}' in samples(d.metrics(), "vllm_drift_target_up"))
+        assert samples(d.metrics(), "vllm_drift_config_reloads_total")[""] >= 1
+    finally:
+        log = d.stop()
+    assert "config reload failed" in log and "targets[0].url: not a URL" in log
+
+
+def test_serve_bad_config_exits_2(tmp_path, cli_env):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scrape: {interval: 1s, timeout: 1s, bogus: 1}\n")
+    out = subprocess.run([sys.executable, "-m", "exporter", "serve", "--config", str(cfg)], capture_output=True,
+                         text=True, env=cli_env, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "scrape.bogus: unknown key" in out.stderr and str(cfg) in out.stderr
