@@ -2,4 +2,5 @@
 traffic) to predicted capacity and speed. No I/O beyond reading the packaged catalogs."""
 from exporter.model.gpus import GPU, GPUS, gpu_names, resolve_gpu
 from exporter.model.architectures import ModelArch, arch_from_config, catalog_ids, load_hf_config, resolve_model
+from exporter.model.kv_cache import KVCapacity, MemoryBreakdown, bytes_per_token, kv_capacity
 from exporter.model.setup import DEFAULT_VLLM_VERSION, Setup, make_setup, parse_version

@@ -1,0 +1,361 @@
+"""KV-cache capacity exactly as vLLM accounts for it, per version era.
+
+Why: "GPU KV cache size: N tokens" decides how many requests a server can hold, and every
+recommendation the daemon makes about max_num_seqs, max_model_len or the GPU tier rests on it.
+vLLM computes it in two steps, and so do we:
+
+1. the pool per GPU = gpu_memory_utilization x total memory - (weights + profiled peak
+   activation + non-torch memory [+ the CUDA-graph estimate, default from v0.21]); the non-KV
+   terms are modelled from first principles with a few constants calibrated on measured
+   startups (../shared/fixtures/kv-memory-breakdown.csv; see CALIBRATION below);
+2. the page arithmetic of `vllm/v1/core/kv_cache_utils.py` and `kv_cache_interface.py`: bytes per
+   block per layer by attention kind (full/GQA split over TP, MLA replicated on every TP rank,
+   sliding window, chunked local, Mamba state), hybrid models grouped into equal-size groups
+   sharing one pool (with padding layers), num_blocks = pool // (page x group size), then the
+   minimum over TP ranks and PP stages. V0 (< 0.8) logged "# GPU blocks" from the same pool.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from exporter.errors import InputError
+from exporter.model.architectures import (CHUNKED, FULL, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM,
+                                          SLIDING, ModelArch)
+from exporter.model.setup import SMALL_SAMPLER, TOKENS_FROM_CONCURRENCY, Setup
+
+GIB = 1024**3
+
+# ---- calibration -------------------------------------------------------------------------
+# Each constant is physical (bytes per element of a tensor the profile run allocates, or a
+# fixed buffer) and was fitted on kv-memory-breakdown.csv (vLLM 0.19, H100) with rows held out
+# (benchmarks/accuracy_kv.py prints the held-out error). Not per model, not per row.
+CALIBRATION = {
+    # dummy sampler run over min(max_num_seqs, max_num_batched_tokens) rows of fp32 logits:
+    # bytes per (row x vocab) element at the peak (logits, probs, sorted copy, indices...)
+    # beyond the logits themselves in the model dtype (so fp32 models cost 2 B more)
+    "sampler_bytes_per_logit": 13.4,          # >= 0.17 (Llama 1024x128256 -> 1.89 GiB)
+    "sampler_bytes_per_logit_pre017": 36.9,   # < 0.17 (Qwen3-0.6B 5.56, Llama 4.76 GiB)
+    # forward pass over max_num_batched_tokens: bytes per token per MLP-intermediate channel
+    # on this rank (gate/up output, activation, down input) plus per hidden channel
+    "forward_bytes_per_token_inter": 8.2,
+    # fused-MoE workspace that stays cached after the forward: bytes per (token x top-k x
+    # (2*expert_inter/tp + hidden))
+    "moe_workspace_bytes": 2.0,
+    # non-torch memory growth during profiling (NCCL/custom all-reduce buffers, workspaces), GiB
+    "non_torch_single_gib": 0.25,
+    "non_torch_single_pre017_gib": 0.13,  # llm-d-benchmark late-2025 rows
+    "non_torch_tp_pre017_gib": 0.55,
+    "non_torch_pp_gib": 0.07,
+    "non_torch_tp_nvswitch_gib": 2.12,   # NCCL NVLS buffers on NVSwitch systems (H100/H200/B200)
+    "non_torch_tp_pcie_gib": 0.45,       # PCIe / NVLink-bridge GPUs: no NVLS [estimate]
+    # CUDA-graph memory estimate subtracted from v0.21 (median of cudagraph_estimated_gib)
+    "cudagraph_single_gib": 0.84,
+    "cudagraph_tp_gib": 1.60,
+    "cudagraph_pp_gib": 0.52,
+    # weights: tensors that are not parameters (rotary caches, buffers) per rank, GiB
+    "weights_overhead_gib": 0.02,
+}
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-GPU memory as vLLM's startup log reports it, for the limiting rank (GiB)."""
+
+    weights_gib: float
+    activation_gib: float
+    non_torch_gib: float
+    cudagraph_gib: float
+    kv_cache_gib: float
+    requested_gib: float
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """What vLLM logs at startup for a setup."""
+
+    bytes_per_token: int        # KV bytes per token per GPU (full-attention equivalent)
+    tokens: int                 # "GPU KV cache size: N tokens"
+    gpu_blocks: int             # num_blocks (V0: "# GPU blocks")
+    max_concurrency: float      # "Maximum concurrency for max_model_len tokens per request"
+    memory: MemoryBreakdown
+    block_size: int
+    num_groups: int             # KV cache groups (1 unless hybrid)
+    blocks_per_request: int     # blocks one max_model_len request needs
+
+
+# ---- per-layer pages ------------------------------------------------------------------------
+
+def kv_heads_per_rank(model: ModelArch, tp: int) -> int:
+    """GQA heads split across TP ranks; with more ranks than heads each rank keeps one."""
+    if model.attention == "mla":
+        return 1
+    return max(1, model.num_kv_heads // tp)
+
+
+def token_bytes_per_layer(setup: Setup) -> int:
+    """KV bytes one token occupies in one attention layer on one GPU."""
+    m, b = setup.model, setup.kv_dtype_bytes
+    if m.attention == "mla":
+        if setup.kv_cache_dtype == "fp8_ds_mla":
+            return 656
+        return (m.kv_lora_rank + m.qk_rope_head_dim) * b  # one latent, replicated on every rank
+    return 2 * kv_heads_per_rank(m, setup.tp) * m.head_dim * b
+
+
+def bytes_per_token(setup: Setup) -> int:
+    """KV bytes per token per GPU, summed over the attention layers one PP stage holds.
+
+    Llama-3.1-8B bf16 TP1: 2 x 32 layers x 8 heads x 128 x 2 B = 131072."""
+    attn_layers = sum(1 for t in setup.model.layer_types if t not in (MAMBA, LINEAR))
+    return token_bytes_per_layer(setup) * math.ceil(attn_layers / setup.pp)
+
+
+def _max_tokens_per_layer(setup: Setup, kind: str) -> int:
+    """Token slots one request of max_model_len can hold in one layer of this kind (vLLM's
+    `max_memory_usage_bytes` / page, in tokens, before block rounding)."""
+    m, L = setup.model, setup.max_model_len
+    if kind == SLIDING and m.sliding_window:
+        return min(m.sliding_window - 1 + setup.max_num_batched_tokens, L)
+    if kind == CHUNKED and m.attention_chunk_size:
+        return min(m.attention_chunk_size + setup.max_num_batched_tokens, L)
+    return L
+
+
+def _blocks_for(setup: Setup, kind: str) -> int:
+    bs = setup.block_size
+    if kind in (MAMBA, LINEAR):
+        return 1
+    n = math.ceil(_max_tokens_per_layer(setup, kind) / bs)
+    return n + 1 if kind == SLIDING and setup.model.sliding_window else n
+
+
+@dataclass(frozen=True)
+class _Groups:
+    page_bytes: int          # bytes per block per layer (uniform across groups)
+    group_size: int          # layers per group (= tensors sharing the pool)
+    kinds: tuple[str, ...]   # kind of each group
+    block_size: int          # tokens per block of attention groups
+
+
+def kv_groups(setup: Setup) -> _Groups:
+    """vLLM's grouping: one group for uniform models; for hybrids, buckets by kind split into
+    groups of G layers (G = smallest bucket, or the largest when max < 1.5 x min), padded."""
+    m = setup.model
+    types = m.layer_types or (FULL,) * m.num_layers
+    if setup.v0:  # V0 had no hybrid allocator: every attention layer is sized for full context
+        types = tuple(FULL if t in (SLIDING, CHUNKED) else t for t in types)
+    counts = Counter(types)
+    bs = setup.block_size
+    page = bs * token_bytes_per_layer(setup)
+    if MAMBA in counts or LINEAR in counts:
+        # attention block size is raised until its page covers the recurrent state page
+        state = m.state_bytes_per_layer
+        if state > page:
+            per_token = token_bytes_per_layer(setup)
+            bs = math.ceil(state / per_token / 16) * 16
+            page = bs * per_token
+    if len(counts) == 1:
+        return _Groups(page, counts[types[0]], (types[0],), bs)
+    lo, hi = min(counts.values()), max(counts.values())
+    g = hi if hi < 1.5 * lo else lo
+    kinds: list[str] = []
+    for kind, n in counts.items():
+        kinds += [kind] * math.ceil(n / g)
+    return _Groups(page, g, tuple(kinds), bs)
+
+
+# ---- non-KV memory --------------------------------------------------------------------------
+
+def _stage_layers(num_layers: int, pp: int) -> list[int]:
+    """vLLM's even split of decoder layers over PP stages (remainder to the last stages)."""
+    base, rem = divmod(num_layers, pp)
+    return [base + (1 if i >= pp - rem else 0) for i in range(pp)]
+
+
+def weights_bytes(setup: Setup, stage: int = 0) -> float:
+    """Bytes of weights on one rank of PP stage `stage`."""
+    m, tp, pp = setup.model, setup.tp, setup.pp
+    native = setup.dtype_bytes
+    linear, experts, other = m.layer_params()
+    q = setup.quantization
+    qbytes = QUANT_BYTES_PER_PARAM.get(q) if q else None
+    if q == "mxfp4":  # gpt-oss: only the routed experts are MXFP4, their intermediate
+        # dimension padded per rank to a multiple of 256 for the MXFP4 MoE kernels
+        dense = linear - experts
+        per_rank = m.moe_intermediate_size / tp
+        pad = math.ceil(per_rank / 256) * 256 / per_rank if per_rank else 1.0
+        linear_bytes = dense * native + experts * qbytes * pad
+    elif qbytes is not None:
+        linear_bytes = linear * qbytes
+    else:
+        linear_bytes = linear * native
+    share = _stage_layers(m.num_layers, pp)[stage] / m.num_layers
+    padded_vocab = math.ceil(m.vocab_size / (64 * tp)) * 64 * tp
+    emb = padded_vocab * m.hidden_size * native
+    total = (linear_bytes / tp + other * native) * share
+    if stage == 0:
+        total += emb / tp + m.extra_params * native / tp
+    if stage == pp - 1:
+        if not m.tie_word_embeddings or pp > 1:
+            total += emb / tp
+    return total + CALIBRATION["weights_overhead_gib"] * GIB
+
+
+def activation_bytes(setup: Setup, stage: int = 0) -> float:
+    """Peak torch allocation of the profile run beyond the weights: the dummy forward over
+    max_num_batched_tokens and, on the last PP stage, the dummy sampler over
+    min(max_num_seqs, max_num_batched_tokens) rows of logits."""
+    m, tp = setup.model, setup.tp
+    c = CALIBRATION
+    tokens = setup.max_num_batched_tokens
+    inter = m.intermediate_size if not m.is_moe or len(m.moe_layers) < m.num_layers else 0
+    if m.is_moe:
+        inter = max(inter, m.experts_per_token * m.moe_intermediate_size * 2)
+    scale = setup.dtype_bytes / 2
+    forward = tokens * c["forward_bytes_per_token_inter"] * inter / tp * scale
+    moe_ws = 0.0
+    if m.is_moe and setup.quantization != "mxfp4":  # the MXFP4 MoE kernels keep no workspace
+        moe_ws = (c["moe_workspace_bytes"] * tokens * m.experts_per_token
+                  * (2 * m.moe_intermediate_size / tp + m.hidden_size))
+    if stage != setup.pp - 1:
+        return forward
+    rows = min(setup.max_num_seqs, tokens)
+    if setup.v0:
+        # V0 profiled one un-chunked prefill of max_num_batched_tokens and sampled its
+        # max_num_seqs last tokens; both peaks add up
+        return forward + (c["sampler_bytes_per_logit"] + setup.dtype_bytes) * rows * m.vocab_size + moe_ws
+    per_logit = (c["sampler_bytes_per_logit"] if setup.vllm_version >= SMALL_SAMPLER
+                 else c["sampler_bytes_per_logit_pre017"])
+    sampler = (per_logit + setup.dtype_bytes) * rows * m.vocab_size
+    return max(forward, sampler + moe_ws)
+
+
+def non_torch_bytes(setup: Setup) -> float:
+    c = CALIBRATION
+    if setup.vllm_version < SMALL_SAMPLER:
+        return (c["non_torch_tp_pre017_gib"] if setup.tp > 1 else c["non_torch_single_pre017_gib"]) * GIB
+    if setup.tp > 1:
+        nvswitch = setup.gpu.interconnect.startswith("NVLink") and setup.gpu.interconnect_gbps >= 900
+        return (c["non_torch_tp_nvswitch_gib"] if nvswitch else c["non_torch_tp_pcie_gib"]) * GIB
+    if setup.pp > 1:
+        return c["non_torch_pp_gib"] * GIB
+    return c["non_torch_single_gib"] * GIB
+
+
+def cudagraph_bytes(setup: Setup) -> float:
+    """The CUDA-graph pool estimate vLLM subtracts from the pool from v0.21 on (0 before)."""
+    if not setup.cudagraph_estimate_subtracted:
+        return 0.0
+    c = CALIBRATION
+    if setup.tp > 1:
+        return c["cudagraph_tp_gib"] * GIB
+    return (c["cudagraph_pp_gib"] if setup.pp > 1 else c["cudagraph_single_gib"]) * GIB
+
+
+# ---- the pool and the log lines ---------------------------------------------------------------
+
+def _gib(x: float) -> float:
+    return round(x / GIB, 2)
+
+
+def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
+    """Predict vLLM's startup KV-cache lines for `setup`.
+
+    Raises InputError when the weights do not fit, or when one max_model_len request does not
+    fit the pool (naming the largest max_model_len that would, as vLLM does)."""
+    requested = setup.gpu_memory_utilization * setup.gpu_memory_gib * GIB
+    groups = kv_groups(setup)
+    stages = _stage_layers(setup.model.num_layers, setup.pp)
+    best = None
+    for stage in range(setup.pp):
+        w = weights_bytes(setup, stage)
+        a = activation_bytes(setup, stage)
+        nt = non_torch_bytes(setup)
+        cg = cudagraph_bytes(setup)
+        avail = requested - (w + a + nt + cg)
+        layers_here = math.ceil(groups.group_size * stages[stage] / setup.model.num_layers)
+        if setup.v0:
+            blocks = int(avail // (groups.page_bytes * max(1, stages[stage] * _attn_share(setup))))
+        else:
+            blocks = int(avail // groups.page_bytes // max(1, layers_here))
+        if best is None or blocks < best[0]:
+            best = (blocks, w, a, nt, cg, avail, layers_here)
+    blocks, w, a, nt, cg, avail, layers_here = best
+    if w > requested:
+        raise InputError(
+            f"the weights alone need {_gib(w)} GiB per GPU but gpu_memory_utilization "
+            f"{setup.gpu_memory_utilization} x {setup.gpu_memory_gib} GiB allows {_gib(requested)} "
+            f"GiB: {setup.model.name} does not fit on {setup.num_gpus} x {setup.gpu.name} "
+            f"(tp={setup.tp}, pp={setup.pp}); use more GPUs, a bigger GPU or quantization")
+    if avail <= 0:
+        raise InputError(
+            f"no memory left for the KV cache: weights {_gib(w)} + activation {_gib(a)} + "
+            f"non-torch {_gib(nt)} + CUDA graphs {_gib(cg)} GiB exceed the {_gib(requested)} GiB "
+            f"that gpu_memory_utilization {setup.gpu_memory_utilization} allows on "
+            f"{setup.gpu.name}; raise --gpu-memory-utilization, lower --max-num-batched-tokens "
+            f"or use more GPUs")
+    blocks = max(blocks, 0)
+    bs = groups.block_size
+    per_request = blocks_per_request(setup, groups)
+    max_conc = blocks / per_request if per_request else 0.0
+    if setup.v0 or setup.vllm_version < TOKENS_FROM_CONCURRENCY:
+        tokens = blocks // len(groups.kinds) * bs if not setup.v0 else blocks * bs
+    else:
+        tokens = int(max_conc * setup.max_model_len)
+    if check_fits and per_request > blocks:
+        largest = largest_max_model_len(setup, blocks, groups)
+        need = per_request * groups.page_bytes * max(1, layers_here)
+        raise InputError(
+            f"max_model_len {setup.max_model_len} does not fit: one request needs "
+            f"{_gib(need)} GiB of KV cache but only {_gib(avail)} GiB is available per GPU; "
+            f"the estimated maximum model length is {largest} (lower --max-model-len, raise "
+            f"--gpu-memory-utilization or use more GPUs)")
+    kv_gib = blocks * groups.page_bytes * max(1, layers_here) / GIB
+    return KVCapacity(
+        bytes_per_token=bytes_per_token(setup), tokens=int(tokens), gpu_blocks=int(blocks),
+        max_concurrency=max_conc,
+        memory=MemoryBreakdown(weights_gib=w / GIB, activation_gib=a / GIB, non_torch_gib=nt / GIB,
+                               cudagraph_gib=cg / GIB, kv_cache_gib=kv_gib,
+                               requested_gib=requested / GIB),
+        block_size=bs, num_groups=len(groups.kinds), blocks_per_request=per_request)
+
+
+def _attn_share(setup: Setup) -> float:
+    m = setup.model
+    attn = sum(1 for t in m.layer_types if t not in (MAMBA, LINEAR)) or m.num_layers
+    return attn / m.num_layers
+
+
+def blocks_per_request(setup: Setup, groups: _Groups | None = None) -> int:
+    """Blocks one request of max_model_len takes across all groups (vLLM's
+    get_max_concurrency_for_kv_cache_config: cdiv of summed per-group bytes by the page)."""
+    groups = groups or kv_groups(setup)
+    if setup.v0:
+        return math.ceil(setup.max_model_len / groups.block_size)
+    total = 0
+    for kind in groups.kinds:
+        if kind in (MAMBA, LINEAR):
+            total += groups.page_bytes
+        else:
+            total += _blocks_for_bs(setup, kind, groups.block_size) * groups.page_bytes
+    return math.ceil(total / groups.page_bytes)
+
+
+def _blocks_for_bs(setup: Setup, kind: str, bs: int) -> int:
+    n = math.ceil(_max_tokens_per_layer(setup, kind) / bs)
+    return n + 1 if kind == SLIDING and setup.model.sliding_window else n
+
+
+def largest_max_model_len(setup: Setup, blocks: int, groups: _Groups | None = None) -> int:
+    """Binary search for the longest max_model_len whose one request fits `blocks` (0 if none)."""
+    groups = groups or kv_groups(setup)
+    lo, hi, best = 1, setup.max_model_len, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if blocks_per_request(setup.with_(max_model_len=mid), groups) <= blocks:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
