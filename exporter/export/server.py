@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import html
 import json
+import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -170,6 +171,10 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 def tls_context(web: WebConfig) -> ssl.SSLContext | None:
     if not web.tls_cert_file:
         return None
@@ -190,9 +195,8 @@ class HTTPServer:
         host = host.strip("[]") or "0.0.0.0"
         self.auth = Authenticator(web.basic_auth_users)
         handler = make_handler(pub, self.auth, web)
-        if ":" in host:
-            _Server.address_family = __import__("socket").AF_INET6
-        self.httpd = _Server((host, int(port)), handler)
+        server_cls = _Server6 if ":" in host else _Server
+        self.httpd = server_cls((host, int(port)), handler)
         ctx = tls_context(web)
         if ctx is not None:
             self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
