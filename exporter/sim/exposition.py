@@ -1,0 +1,314 @@
+"""Render an engine's `Metrics` as the `/metrics` text a real vLLM server of a given era serves.
+
+Rendering is on the hot path of fleet mode (up to 1,000 targets per tick on 2 cores), so each
+family is compiled once into static text pieces (HELP/TYPE lines, sample names with their sorted
+label sets, the constant `_created` series) and a function returning only the changing numbers;
+a render is then one interleave and one `join`. Number formatting follows prometheus_client
+(`0.0`, `1.7624384230434499e+09`, `+Inf`), with a fast path for small integers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from prometheus_client.utils import floatToGoString
+
+from exporter.sim.engine import Metrics
+from exporter.sim.eras import Era, Family, bounds_for
+
+
+def fmt(v: float) -> str:
+    """prometheus_client's number format, fast for the common integer-valued case."""
+    if v == 0:
+        return "0.0"
+    if -1e6 < v < 1e6 and v == int(v):
+        return f"{int(v)}.0"
+    return floatToGoString(v)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(pairs)) + "}"
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Static text pieces around the numbers `values(metrics)` returns (len(pieces) - 1 of them);
+    `present(metrics)` hides families a multiprocess V0 registry has not written yet."""
+
+    pieces: tuple[str, ...]
+    values: Callable[[Metrics], list]
+    present: Callable[[Metrics], bool] | None = None
+
+
+def _scalar(source: str, extra: Mapping[str, Callable[[Metrics], float]]) -> Callable[[Metrics], float]:
+    kind, _, key = source.partition(":")
+    if source in extra:
+        return extra[source]
+    if source == "g:running":
+        return lambda m: m.running
+    if source == "g:waiting":
+        return lambda m: m.waiting
+    if source == "g:kv_usage":
+        return lambda m: m.kv_usage
+    if source in ("g:zero", "c:zero"):
+        return lambda m: 0.0
+    if source == "g:one":
+        return lambda m: 1.0
+    if source == "g:minus_one":
+        return lambda m: -1.0
+    if kind == "finished":
+        return lambda m: m.finished.get(key, 0)
+    if kind == "c":
+        return lambda m: m.counters.get(key, 0)
+    raise ValueError(f"unknown metric source {source!r}")
+
+
+class Renderer:
+    """Compiled exposition of one engine for one era."""
+
+    def __init__(self, era: Era, *, model_name: str, max_model_len: int, max_num_seqs: int,
+                 cache_config: Mapping[str, str], start_time: float, spec_tokens: int = 0,
+                 engine_index: str = "0"):
+        self.era = era
+        self.start_time = start_time
+        self.bounds = bounds_for(era, max_model_len, max_num_seqs)
+        self._created_seq = 0
+        base: list[tuple[str, str]] = []
+        if era.v1:
+            base.append(("engine", engine_index))
+        self._base_model = [("model_name", model_name)]
+        self._base_engine = base
+        spec_enabled = spec_tokens > 0
+        extra = {
+            "g:hit_rate": (lambda m: (m.counters["prefix_hits"] / m.counters["prefix_queries"])
+                           if m.counters["prefix_queries"] else
+                           (0.0 if cache_config.get("enable_prefix_caching") == "True" else -1.0)),
+            "g:spec_acceptance": (lambda m: m.counters["spec_accepted"] / m.counters["spec_draft_tokens"]
+                                  if m.counters["spec_draft_tokens"] else 0.0),
+            "g:spec_efficiency": (lambda m: (m.counters["spec_accepted"] + m.counters["spec_drafts"])
+                                  / (m.counters["spec_drafts"] * (spec_tokens + 1))
+                                  if m.counters["spec_drafts"] else 0.0),
+            "c:spec_emitted": lambda m: m.counters["spec_accepted"] + m.counters["spec_drafts"],
+        }
+        self._extra = extra
+        blocks: list[_Block] = []
+        families = list(era.families)
+        if spec_enabled:
+            # V1 registers spec-decode families right after the prefix-cache counters' block;
+            # their position does not matter to parsers, so they go after the counters.
+            idx = next((i for i, f in enumerate(families) if f.name.startswith("vllm:request_success")),
+                       len(families))
+            families[idx:idx] = list(era.spec)
+        for fam in families:
+            if fam.source == "spec_per_pos":
+                samples = tuple(((("position", str(p)),), f"pos:{p}") for p in range(spec_tokens))
+                fam = Family(fam.name, fam.type, fam.help, "", samples, fam.engine, fam.model)
+            blocks.extend(self._compile(fam, cache_config))
+        self._blocks = tuple(blocks)
+        self._python_process = era.python_process
+
+    # ---- compilation -------------------------------------------------------------------------
+    def _pairs(self, fam: Family, extra: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+        pairs = list(extra)
+        if fam.engine:
+            pairs += self._base_engine
+        if fam.model:
+            pairs += self._base_model
+        return pairs
+
+    def _created(self) -> str:
+        self._created_seq += 1
+        return fmt(self.start_time + 2.5e-5 * self._created_seq)
+
+    def _compile(self, fam: Family, cache_config: Mapping[str, str]) -> list[_Block]:
+        era = self.era
+        name = fam.name
+        if fam.type == "info":
+            if fam.source == "info:lora":
+                text = (f"# HELP {name} {fam.help}\n# TYPE {name} gauge\n"
+                        f'{name}{{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""}} '
+                        f"{fmt(self.start_time + 1.5)}\n")
+            else:
+                labels = [(k, cache_config.get(k, "None")) for k in era.cache_labels]
+                if fam.engine and era.v1:
+                    labels += self._base_engine
+                text = f"# HELP {name} {fam.help}\n# TYPE {name} gauge\n{name}{_labels(labels)} 1.0\n"
+            return [_Block((text,), lambda m: [])]
+        samples = fam.samples or (((), fam.source),)
+        if fam.type == "gauge":
+            head = f"# HELP {name} {fam.help}\n# TYPE {name} gauge\n"
+            pieces = [head]
+            getters = []
+            for extra, src in samples:
+                pieces[-1] += f"{name}{_labels(self._pairs(fam, extra))} "
+                pieces.append("\n")
+                getters.append(_scalar(src, self._extra))
+            return [_Block(tuple(pieces), lambda m, g=tuple(getters): [f(m) for f in g])]
+        if fam.type == "counter":
+            total = name + "_total"
+            head = f"# HELP {total} {fam.help}\n# TYPE {total} counter\n"
+            pieces = [head]
+            getters = []
+            for extra, src in samples:
+                pieces[-1] += f"{total}{_labels(self._pairs(fam, extra))} "
+                pieces.append("\n")
+                if src.startswith("pos:"):
+                    p = int(src[4:])
+                    getters.append(lambda m, p=p: m.spec_accepted_per_pos[p])
+                else:
+                    getters.append(_scalar(src, self._extra))
+            if era.v1:
+                pieces[-1] += self._created_text(fam, [e for e, _ in samples])
+            present = None
+            if era.multiprocess and fam.samples and fam.samples[0][1].startswith("finished:"):
+                # V0 multiprocess: only reasons that occurred have a series.
+                return [self._v0_success(fam)]
+            return [_Block(tuple(pieces), lambda m, g=tuple(getters): [f(m) for f in g], present)]
+        if fam.type == "histogram":
+            key = fam.source.partition(":")[2]
+            bounds = self.bounds[key]
+            pairs = self._pairs(fam)
+            les = [fmt(b) for b in bounds] + ["+Inf"]
+            head = f"# HELP {name} {fam.help}\n# TYPE {name} histogram\n"
+            if era.multiprocess:   # _sum, buckets, _count (MultiProcessCollector order)
+                pieces = [head + f"{name}_sum{_labels(pairs)} "]
+                for le in les:
+                    pieces.append(f"\n{name}_bucket{_labels(pairs + [('le', le)])} ")
+                pieces.append(f"\n{name}_count{_labels(pairs)} ")
+                pieces.append("\n")
+
+                def values(m: Metrics, key: str = key) -> list:
+                    h = m.hist[key]
+                    return [h.sum, *h.cumulative(), h.count]
+                return [_Block(tuple(pieces), values, lambda m, key=key: m.hist[key].count > 0)]
+            pieces = [head + f"{name}_bucket{_labels(pairs + [('le', les[0])])} "]
+            for le in les[1:]:
+                pieces.append(f"\n{name}_bucket{_labels(pairs + [('le', le)])} ")
+            pieces.append(f"\n{name}_count{_labels(pairs)} ")
+            pieces.append(f"\n{name}_sum{_labels(pairs)} ")
+            pieces.append("\n" + (self._created_text(fam, [()]) if era.v1 else ""))
+
+            def values(m: Metrics, key: str = key) -> list:
+                h = m.hist[key]
+                return [*h.cumulative(), h.count, h.sum]
+            return [_Block(tuple(pieces), values)]
+        raise ValueError(f"unknown family type {fam.type!r}")
+
+    def _created_text(self, fam: Family, extras: list) -> str:
+        cname = fam.name + "_created"
+        out = f"# HELP {cname} {fam.help}\n# TYPE {cname} gauge\n"
+        for extra in extras:
+            out += f"{cname}{_labels(self._pairs(fam, extra))} {self._created()}\n"
+        return out
+
+    def _v0_success(self, fam: Family) -> _Block:
+        total = fam.name + "_total"
+        head = f"# HELP {total} {fam.help}\n# TYPE {total} counter\n"
+        prefixes = {r: f"{total}{_labels(self._pairs(fam, [('finished_reason', r)]))} "
+                    for r in ("stop", "length", "abort")}
+
+        def text(m: Metrics) -> list:
+            return [head + "".join(prefixes[r] + fmt(n) + "\n" for r, n in m.finished.items() if n)]
+        return _Block(("", ""), text, lambda m: any(m.finished.values()))
+
+    # ---- rendering ---------------------------------------------------------------------------
+    def render(self, m: Metrics, now: float | None = None) -> str:
+        out: list[str] = []
+        if self._python_process:
+            out.append(_python_process_text(self.start_time, now if now is not None else self.start_time))
+        append = out.append
+        for b in self._blocks:
+            if b.present is not None and not b.present(m):
+                continue
+            pieces = b.pieces
+            append(pieces[0])
+            for v, piece in zip(b.values(m), pieces[1:]):
+                append(v if isinstance(v, str) else fmt(v))
+                append(piece)
+        return "".join(out)
+
+
+def _python_process_text(start: float, now: float) -> str:
+    """The default prometheus_client collectors of the API-server process (single-process mode)."""
+    up = max(0.0, now - start)
+    return (
+        "# HELP python_gc_objects_collected_total Objects collected during gc\n"
+        "# TYPE python_gc_objects_collected_total counter\n"
+        'python_gc_objects_collected_total{generation="0"} 11299.0\n'
+        'python_gc_objects_collected_total{generation="1"} 1620.0\n'
+        'python_gc_objects_collected_total{generation="2"} 236.0\n'
+        "# HELP python_gc_objects_uncollectable_total Uncollectable objects found during GC\n"
+        "# TYPE python_gc_objects_uncollectable_total counter\n"
+        'python_gc_objects_uncollectable_total{generation="0"} 0.0\n'
+        'python_gc_objects_uncollectable_total{generation="1"} 0.0\n'
+        'python_gc_objects_uncollectable_total{generation="2"} 0.0\n'
+        "# HELP python_gc_collections_total Number of times this generation was collected\n"
+        "# TYPE python_gc_collections_total counter\n"
+        'python_gc_collections_total{generation="0"} 1746.0\n'
+        'python_gc_collections_total{generation="1"} 158.0\n'
+        'python_gc_collections_total{generation="2"} 11.0\n'
+        "# HELP python_info Python platform information\n"
+        "# TYPE python_info gauge\n"
+        'python_info{implementation="CPython",major="3",minor="12",patchlevel="3",version="3.12.3"} 1.0\n'
+        "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+        "# TYPE process_virtual_memory_bytes gauge\n"
+        "process_virtual_memory_bytes 8.982228992e+09\n"
+        "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+        "# TYPE process_resident_memory_bytes gauge\n"
+        "process_resident_memory_bytes 1.08929024e+09\n"
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+        "# TYPE process_start_time_seconds gauge\n"
+        f"process_start_time_seconds {floatToGoString(round(start - 55.0, 2))}\n"
+        "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+        "# TYPE process_cpu_seconds_total counter\n"
+        f"process_cpu_seconds_total {fmt(round(11.0 + up * 0.08, 2))}\n"
+        "# HELP process_open_fds Number of open file descriptors.\n"
+        "# TYPE process_open_fds gauge\n"
+        "process_open_fds 45.0\n"
+        "# HELP process_max_fds Maximum number of open file descriptors.\n"
+        "# TYPE process_max_fds gauge\n"
+        "process_max_fds 1.048576e+06\n"
+    )
+
+
+def cache_config_values(era: Era, *, block_size: int, num_gpu_blocks: int,
+                        gpu_memory_utilization: float, enable_prefix_caching: bool,
+                        cache_dtype: str = "auto", max_model_len: int = 4096,
+                        kv_cache_memory_bytes: int | None = None) -> dict[str, str]:
+    """`cache_config_info` label values as that era's CacheConfig stringifies them."""
+    v = {
+        "block_size": str(block_size), "cache_dtype": cache_dtype,
+        "calculate_kv_scales": "False", "enable_prefix_caching": str(bool(enable_prefix_caching)),
+        "gpu_memory_utilization": repr(float(gpu_memory_utilization)),
+        "is_attention_free": "False", "num_gpu_blocks": str(num_gpu_blocks),
+        "num_gpu_blocks_override": "None", "sliding_window": "None", "num_cpu_blocks": "None",
+    }
+    if not era.v1:
+        v.update({"cpu_offload_gb": "0", "swap_space_bytes": "4294967296", "num_cpu_blocks": "9362"})
+        return v
+    v.update({
+        "cpu_kvcache_space_bytes": "None", "cpu_offload_gb": "0.0", "kv_sharing_fast_prefill": "False",
+        "mamba_cache_dtype": "auto", "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "auto", "prefix_caching_hash_algo": "sha256" if era.key != "0.10.1" else "builtin",
+        "swap_space": "4.0", "swap_space_bytes": "4294967296.0",
+        "kv_cache_memory_bytes": "None" if kv_cache_memory_bytes is None else str(kv_cache_memory_bytes),
+        # 0.32-era additions
+        "mamba_block_size": "None", "kv_offloading_size": "None", "kv_offloading_backend": "native",
+        "mamba_cache_mode": "none", "user_specified_block_size": "False",
+        "_block_size_resolved": "True", "kv_cache_dtype_skip_layers": "[]",
+        "hash_block_size": "None", "prefix_match_unit": str(block_size),
+        "kv_cache_size_tokens": str(num_gpu_blocks * block_size),
+        "kv_cache_max_concurrency": repr(round(num_gpu_blocks * block_size / max(1, max_model_len), 2)),
+        "skip_page_size_padded": "False", "replayssm_buffer_len": "None", "use_replayssm": "False",
+        "kv_cache_layout": "None", "prefix_cache_retention_interval": "None",
+        "use_kda_recoverssm": "False", "enable_mamba_shared_prefix_checkpoint": "False",
+        "effective_attention_block_size": str(block_size), "swa_bounded_replay": "False",
+        "cache_hit_alignment_tokens": "None",
+    })
+    return v
