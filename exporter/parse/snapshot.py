@@ -113,3 +113,19 @@ class Snapshot:
     spec_accepted_per_pos: tuple[float, ...] = ()
     start_time: float | None = None        # earliest `_created` sample: engine start, for resets
     families: frozenset[str] = frozenset() # vllm: family names seen (for "unavailable: needs X")
+    # Added by the canonicaliser (defaults keep older constructors working):
+    version_guess: str | None = None       # from the names/labels seen, e.g. ">=0.10.1,<0.10.2"
+    notes: tuple[str, ...] = ()            # what could not be canonicalised, and why
+
+    def kv_cache_tokens(self) -> int | None:
+        """KV capacity in tokens: `kv_cache_size_tokens` (0.24+, hybrid-aware), else
+        num_gpu_blocks x block_size."""
+        cfg = self.cache_config
+        try:
+            return int(float(cfg["kv_cache_size_tokens"]))
+        except (KeyError, ValueError):
+            pass
+        try:
+            return int(float(cfg["num_gpu_blocks"])) * int(float(cfg["block_size"]))
+        except (KeyError, ValueError):
+            return None
