@@ -322,6 +322,22 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         block_size=bs, num_groups=len(groups.kinds), blocks_per_request=per_request)
 
 
+def capacity_from_pool(setup: Setup, pool_bytes: float) -> tuple[int, int, float]:
+    """(logged tokens, num_blocks, max concurrency) for a known KV pool on every rank, e.g. the
+    "Available KV cache memory" a startup log printed: the page arithmetic alone, no fitting."""
+    groups = kv_groups(setup)
+    layers = math.ceil(groups.group_size / setup.pp)
+    if setup.v0:
+        blocks = int(pool_bytes // (groups.page_bytes * max(1, math.ceil(setup.model.num_layers / setup.pp)
+                                                            * _attn_share(setup))))
+        return blocks * groups.block_size, blocks, blocks / blocks_per_request(setup, groups)
+    blocks = int(pool_bytes // groups.page_bytes // max(1, layers))
+    conc = blocks / blocks_per_request(setup, groups)
+    if setup.vllm_version < TOKENS_FROM_CONCURRENCY:
+        return blocks // len(groups.kinds) * groups.block_size, blocks, conc
+    return int(conc * setup.max_model_len), blocks, conc
+
+
 def _attn_share(setup: Setup) -> float:
     m = setup.model
     attn = sum(1 for t in m.layer_types if t not in (MAMBA, LINEAR)) or m.num_layers

@@ -1,0 +1,246 @@
+"""GPU and model-architecture catalogs, and the config.json reader, on real public figures."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporter.errors import CatalogError, InputError
+from exporter.model.architectures import (CHUNKED, FULL, SLIDING, catalog_ids, load_hf_config,
+                                          resolve_model)
+from exporter.model.gpus import GPUS, resolve_gpu
+
+# ---- GPUs ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias, name", [
+    ("H100", "H100-SXM-80GB"), ("h100-80gb", "H100-SXM-80GB"), ("H100-SXM-80GB", "H100-SXM-80GB"),
+    ("H100-PCIe", "H100-PCIe-80GB"), ("T4-16GB", "T4"), ("t4", "T4"), ("L40S-48GB", "L40S"),
+    ("RTX-4090-24GB", "RTX-4090-24GB"), ("rtx 4090", "RTX-4090-24GB"), ("A100", "A100-80GB"),
+    ("A100-40GB", "A100-40GB"), ("H200", "H200-SXM-141GB"), ("B200", "B200-180GB"),
+    ("NVIDIA-L4", "L4"), ("mi300x", "MI300X"), ("RTX-PRO-6000", "RTX-PRO-6000-Blackwell-Server-96GB"),
+])
+def test_gpu_aliases_resolve_case_insensitively(alias, name):
+    assert resolve_gpu(alias).name == name
+
+
+def test_gpu_catalog_covers_the_tiers_with_a_source_per_figure():
+    wanted = {"T4", "L4", "A10G", "L40S", "A100-40GB", "A100-80GB", "H100-SXM-80GB", "H100-PCIe-80GB",
+              "H200-SXM-141GB", "B200-180GB", "MI300X", "MI325X", "RTX-4090-24GB", "RTX-3090-24GB",
+              "RTX-PRO-6000-Blackwell-Server-96GB"}
+    assert wanted <= set(GPUS)
+    for gpu in GPUS.values():
+        assert {"memory", "bandwidth", "tflops", "price"} <= set(gpu.sources), gpu.name
+        assert 10 < gpu.memory_gib < 260 and gpu.hbm_bandwidth_tbps > 0 and gpu.dollars_per_hour > 0
+        assert gpu.tflops("bfloat16") > 0  # fp16 fallback on GPUs without bf16
+
+
+def test_gpu_figures_match_the_measured_startups():
+    # cudaMemGetInfo totals logged by vLLM (kv-capacity-observations.csv)
+    assert resolve_gpu("H100").memory_gib == 79.19
+    assert resolve_gpu("RTX-4090").memory_gib == 23.52
+    assert resolve_gpu("RTX-PRO-6000").memory_gib == 94.97
+    # vLLM's big batch defaults: >= 70 GiB and not an A100
+    assert resolve_gpu("H100").large_batch_defaults and resolve_gpu("H200").large_batch_defaults
+    assert not resolve_gpu("A100").large_batch_defaults and not resolve_gpu("L40S").large_batch_defaults
+
+
+def test_unknown_gpu_lists_the_closest_names():
+    with pytest.raises(CatalogError) as exc:
+        resolve_gpu("H110-80GB")
+    assert "H100-SXM-80GB" in str(exc.value)
+
+
+# ---- model catalog ----------------------------------------------------------------------------
+
+REQUIRED = [
+    "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.3-70B-Instruct",
+    "meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "codellama/CodeLlama-7b-hf", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen3-0.6B",
+    "Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-32B", "Qwen/Qwen3-30B-A3B",
+    "Qwen/Qwen3-235B-A22B", "Qwen/Qwen1.5-MoE-A2.7B", "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1", "google/gemma-7b", "google/gemma-2-2b-it", "google/gemma-2-9b-it",
+    "google/gemma-2-27b-it", "google/gemma-3-4b-it", "google/gemma-3-12b-it", "google/gemma-3-27b-it",
+    "microsoft/phi-2", "microsoft/phi-4", "ibm-granite/granite-3.1-2b-instruct",
+    "ibm-granite/granite-3.1-8b-instruct", "ibm-granite/granite-3.3-8b-instruct",
+    "ibm-granite/granite-vision-3.3-2b", "deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek-ai/DeepSeek-V3",
+    "deepseek-ai/deepseek-coder-6.7b-instruct", "openai/gpt-oss-20b", "openai/gpt-oss-120b",
+    "moonshotai/Kimi-VL-A3B-Instruct", "moonshotai/Kimi-Dev-72B",
+]
+
+
+@pytest.mark.parametrize("model_id", REQUIRED)
+def test_required_models_resolve(model_id):
+    arch = resolve_model(model_id)
+    assert arch.num_layers > 0 and arch.vocab_size > 0 and arch.source
+    assert resolve_model(model_id.upper()).num_layers == arch.num_layers  # case-insensitive
+
+
+# Parameter counts as published on the model cards (billions): total and, for MoE, active.
+@pytest.mark.parametrize("model_id, total, active", [
+    ("meta-llama/Llama-3.1-8B-Instruct", 8.03, None), ("meta-llama/Llama-3.1-70B-Instruct", 70.6, None),
+    ("meta-llama/Llama-3.1-405B-Instruct", 405.9, None), ("Qwen/Qwen2.5-7B-Instruct", 7.61, None),
+    ("Qwen/Qwen2.5-72B-Instruct", 72.7, None), ("Qwen/Qwen3-8B", 8.2, None), ("Qwen/Qwen3-32B", 32.8, None),
+    ("Qwen/Qwen3-30B-A3B", 30.5, 3.3), ("Qwen/Qwen3-235B-A22B", 235.0, 22.0),
+    ("Qwen/Qwen1.5-MoE-A2.7B", 14.3, 2.7), ("mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7, 12.9),
+    ("deepseek-ai/DeepSeek-V3", 671.0, 37.0), ("deepseek-ai/DeepSeek-V2-Lite-Chat", 15.7, 2.4),
+    ("google/gemma-2-9b-it", 9.24, None), ("google/gemma-2-27b-it", 27.2, None), ("microsoft/phi-2", 2.78, None),
+    ("microsoft/phi-4", 14.7, None), ("openai/gpt-oss-20b", 20.9, None), ("openai/gpt-oss-120b", 116.8, None),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 109.0, 17.0), ("codellama/CodeLlama-7b-hf", 6.74, None),
+])
+def test_parameter_counts_match_model_cards(model_id, total, active):
+    arch = resolve_model(model_id)
+    assert arch.total_params / 1e9 == pytest.approx(total, rel=0.02)
+    if active is not None:
+        assert arch.active_params / 1e9 == pytest.approx(active, rel=0.12)
+
+
+def test_attention_kinds_and_layer_patterns():
+    assert resolve_model("deepseek-ai/DeepSeek-V3").attention == "mla"
+    assert resolve_model("moonshotai/Kimi-VL-A3B-Instruct").kv_lora_rank == 512
+    g3 = resolve_model("google/gemma-3-27b-it")
+    assert g3.layer_types.count(FULL) == 10 and g3.layer_types.count(SLIDING) == 52 and g3.sliding_window == 1024
+    g2 = resolve_model("google/gemma-2-9b-it")
+    assert g2.layer_types.count(SLIDING) == 21 and g2.sliding_window == 4096
+    oss = resolve_model("openai/gpt-oss-20b")
+    assert oss.layer_types[:2] == (SLIDING, FULL) and oss.quantization == "mxfp4"
+    scout = resolve_model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    assert scout.layer_types.count(CHUNKED) == 36 and scout.attention_chunk_size == 8192
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct").layer_types == (FULL,) * 28
+
+
+@pytest.mark.parametrize("name, base_layers, quant", [
+    ("RedHatAI/Llama-3.3-70B-Instruct-fp8-dynamic", 80, "fp8"),
+    ("redhatai/Llama-3.3-70B-Instruct-quantized.w8a8", 80, "w8a8"),
+    ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16", 32, "w4a16"),
+    ("Qwen/Qwen2.5-7B-Instruct-AWQ", 28, "awq"), ("Qwen/Qwen3-235B-A22B-FP8", 94, "fp8"),
+    ("Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4", 80, "gptq"), ("nvidia/Llama-3.1-8B-Instruct-FP8", 32, "fp8"),
+    ("RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8", 40, "w8a8"),
+])
+def test_quantized_variants_map_to_base_architecture(name, base_layers, quant):
+    arch = resolve_model(name)
+    assert arch.num_layers == base_layers and arch.quantization == quant and arch.name == name
+
+
+def test_unknown_model_lists_the_closest_names():
+    with pytest.raises(CatalogError) as exc:
+        resolve_model("meta-llama/Llama-3.1-9B-Instruct")
+    assert "Llama-3.1-8B" in str(exc.value)
+
+
+def test_catalog_ids_are_unique_and_sourced():
+    ids = catalog_ids()
+    assert len(ids) == len(set(i.lower() for i in ids)) >= 38
+
+
+# ---- load_hf_config on config.json files written here -------------------------------------------
+
+def _write(tmp_path, name, config):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def test_llama_style_config(tmp_path):
+    d = _write(tmp_path, "tiny-llama", {
+        "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000,
+        "max_position_embeddings": 2048, "torch_dtype": "float16"})
+    arch = load_hf_config(d)  # a directory works
+    assert (arch.head_dim, arch.num_kv_heads, arch.attention, arch.native_dtype) == (32, 2, "gqa", "float16")
+    # 4 x (attn 256*256*2 + 2*256*64 + mlp 3*256*512 + norms 512) + embed + lm_head
+    assert arch.total_params == 4 * (2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 512 + 512) + 2 * 1000 * 256
+    assert load_hf_config(d / "config.json").num_layers == 4
+
+
+def test_qwen3_moe_config(tmp_path):
+    d = _write(tmp_path, "moe", {
+        "model_type": "qwen3_moe", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "moe_intermediate_size": 64,
+        "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 500, "max_position_embeddings": 4096,
+        "mlp_only_layers": [0]})
+    arch = load_hf_config(d)
+    assert arch.moe_layers == (1, 2, 3) and arch.num_experts == 8 and arch.experts_per_token == 2
+    assert arch.total_params - arch.active_params == 3 * 6 * 3 * 128 * 64  # idle experts
+
+
+def test_nested_text_config_gemma3(tmp_path):
+    d = _write(tmp_path, "g3", {"model_type": "gemma3", "torch_dtype": "bfloat16", "text_config": {
+        "model_type": "gemma3_text", "num_hidden_layers": 12, "hidden_size": 64, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128, "vocab_size": 300,
+        "sliding_window": 512, "max_position_embeddings": 8192}})
+    arch = load_hf_config(d)
+    assert arch.layer_types.count(FULL) == 2 and arch.layer_types[5] == FULL and arch.sliding_window == 512
+    assert arch.tie_word_embeddings
+
+
+def test_deepseek_mla_config(tmp_path):
+    d = _write(tmp_path, "dsv2", {
+        "model_type": "deepseek_v2", "num_hidden_layers": 3, "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "kv_lora_rank": 64, "q_lora_rank": None, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "intermediate_size": 512, "moe_intermediate_size": 64,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+        "vocab_size": 1000, "max_position_embeddings": 4096})
+    arch = load_hf_config(d)
+    assert arch.attention == "mla" and arch.num_kv_heads == 1 and arch.moe_layers == (1, 2)
+    assert arch.kv_lora_rank + arch.qk_rope_head_dim == 80
+
+
+def test_gpt_oss_layer_types_and_quantization(tmp_path):
+    d = _write(tmp_path, "oss", {
+        "model_type": "gpt_oss", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64, "num_local_experts": 4,
+        "experts_per_token": 2, "vocab_size": 100, "sliding_window": 128, "max_position_embeddings": 4096,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "quantization_config": {"quant_method": "mxfp4"}})
+    arch = load_hf_config(d)
+    assert arch.layer_types == (SLIDING, FULL, SLIDING, FULL) and arch.quantization == "mxfp4"
+
+
+def test_phi2_is_not_gated_and_llama4_nested(tmp_path):
+    phi = load_hf_config(_write(tmp_path, "phi", {
+        "model_type": "phi", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "intermediate_size": 256, "vocab_size": 100, "max_position_embeddings": 2048}))
+    assert not phi.gated_mlp and phi.dense_mlp_params() == 2 * 64 * 256
+    l4 = load_hf_config(_write(tmp_path, "l4", {"model_type": "llama4", "text_config": {
+        "model_type": "llama4_text", "num_hidden_layers": 8, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "intermediate_size_mlp": 256,
+        "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+        "attention_chunk_size": 1024, "vocab_size": 100, "max_position_embeddings": 65536}}))
+    assert l4.moe_layers == (1, 3, 5, 7) and l4.layer_types.count(FULL) == 2
+    assert l4.intermediate_size == 256 and l4.moe_intermediate_size == 128
+
+
+def test_compressed_tensors_quantization_is_read(tmp_path):
+    arch = load_hf_config(_write(tmp_path, "w4", {
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 2048,
+        "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {
+            "group_0": {"weights": {"num_bits": 4, "type": "int"}, "input_activations": None}}}}))
+    assert arch.quantization == "w4a16"
+
+
+def test_missing_field_names_the_field_and_the_file(tmp_path):
+    d = _write(tmp_path, "broken", {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                                    "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 2048})
+    with pytest.raises(CatalogError) as exc:
+        load_hf_config(d)
+    assert "num_attention_heads" in str(exc.value) and "broken" in str(exc.value)
+
+
+def test_unreadable_or_invalid_config(tmp_path):
+    with pytest.raises(InputError, match="cannot read"):
+        load_hf_config(tmp_path / "nope" / "config.json")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_hf_config(bad)
+
+
+def test_resolve_model_accepts_a_local_config_path(tmp_path):
+    d = _write(tmp_path, "local", {"model_type": "qwen2", "num_hidden_layers": 3, "hidden_size": 64,
+                                   "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                                   "vocab_size": 100, "max_position_embeddings": 1024})
+    assert resolve_model(str(d / "config.json")).num_layers == 3
+    assert resolve_model(str(d)).num_kv_heads == 2
