@@ -24,6 +24,16 @@ def test_gpu_aliases_resolve_case_insensitively(alias, name):
     assert resolve_gpu(alias).name == name
 
 
+@pytest.mark.parametrize("driver_name, name", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM-80GB"), ("NVIDIA H100 PCIe", "H100-PCIe-80GB"),
+    ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"), ("Tesla T4", "T4"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000-Blackwell-Server-96GB"),
+    ("NVIDIA GeForce RTX 4090", "RTX-4090-24GB"), ("AMD Instinct MI300X", "MI300X"),
+])
+def test_gpu_names_as_drivers_print_them(driver_name, name):
+    assert resolve_gpu(driver_name).name == name
+
+
 def test_gpu_catalog_covers_the_tiers_with_a_source_per_figure():
     wanted = {"T4", "L4", "A10G", "L40S", "A100-40GB", "A100-80GB", "H100-SXM-80GB", "H100-PCIe-80GB",
               "H200-SXM-141GB", "B200-180GB", "MI300X", "MI325X", "RTX-4090-24GB", "RTX-3090-24GB",

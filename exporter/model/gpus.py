@@ -182,9 +182,14 @@ def resolve_gpu(name: str) -> GPU:
     key = _key(name or "")
     if key in _INDEX:
         return GPUS[_INDEX[key]]
-    for prefix in ("nvidia", "amd", "tesla", "geforce"):
-        if key.startswith(prefix) and key[len(prefix):] in _INDEX:
-            return GPUS[_INDEX[key[len(prefix):]]]
+    # device names as drivers print them ("NVIDIA H100 80GB HBM3", "NVIDIA RTX PRO 6000 Blackwell
+    # Server Edition"): the longest catalog alias contained in the name decides
+    bare = re.sub(r"^(nvidia|amd|instinct|tesla|geforce)+", "", key)
+    if len(bare) >= 2:
+        hits = [alias for alias in _INDEX if len(alias) >= 2 and alias in bare
+                and not re.match(r"(nvidia|amd|tesla|geforce)", alias)]
+        if hits:
+            return GPUS[_INDEX[max(hits, key=len)]]
     candidates = list(GPUS) + [a for row in _TABLE for a in row[11]]
     close = difflib.get_close_matches(name or "", candidates, n=5, cutoff=0.3)
     close = list(dict.fromkeys(GPUS[_INDEX[_key(c)]].name for c in close))

@@ -1,0 +1,96 @@
+"""`vllm-drift calc` as a user runs it: a real subprocess, its exit status, stdout and stderr."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def calc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exporter", "calc", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+LLAMA_H100 = ("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--gpu-memory-gib", "79.19",
+              "--gpu-memory-utilization", "0.95", "--max-model-len", "8192", "--vllm-version", "0.19.0")
+
+
+def test_json_document_has_the_documented_shape():
+    out = calc(*LLAMA_H100, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)  # stdout is one JSON document and nothing else
+    assert {"bytes_per_token", "tokens", "gpu_blocks", "max_concurrency"} <= set(doc["kv_cache"])
+    assert {"weights_gib", "activation_gib", "non_torch_gib", "kv_cache_gib"} <= set(doc["memory"])
+    assert {"ttft_s", "tpot_s", "output_tokens_per_s"} <= set(doc["predicted"])
+    assert {"max_num_seqs", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens",
+            "speculative_decoding"} <= set(doc["recommendation"])
+    assert isinstance(doc["tiers"], list)
+    for tier in doc["tiers"]:
+        assert {"gpu", "tp", "replicas", "dollars_per_hour", "dollars_per_million_tokens", "meets_slo"} <= set(tier)
+    # vLLM 0.19 logged "GPU KV cache size: 476,016 tokens" and 58.11x for this setup
+    assert doc["kv_cache"]["bytes_per_token"] == 131072
+    assert doc["kv_cache"]["tokens"] == pytest.approx(476016, rel=0.005)
+    assert doc["kv_cache"]["max_concurrency"] == pytest.approx(58.11, rel=0.005)
+
+
+def test_human_output_is_a_table():
+    out = calc(*LLAMA_H100)
+    assert out.returncode == 0, out.stderr
+    assert "GPU KV cache size" in out.stdout and "weights" in out.stdout
+
+
+def test_local_config_json_as_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 16, "hidden_size": 2048, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "intermediate_size": 8192, "vocab_size": 32000,
+        "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
+    out = calc("--model", str(tmp_path), "--gpu", "L4", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kv_cache"]["bytes_per_token"] == 2 * 16 * 4 * 128 * 2
+    assert doc["setup"]["max_model_len"] == 4096  # the model's max position embeddings
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--model", "meta-llama/Llama-3.1-9B-Instruct", "Llama-3.1-8B"),
+    ("--gpu", "H110", "H100-SXM-80GB"),
+])
+def test_unknown_names_exit_2_with_the_closest(flag, value, expected):
+    args = dict(zip(LLAMA_H100[::2], LLAMA_H100[1::2]))
+    args[flag] = value
+    out = calc(*[x for kv in args.items() for x in kv], "--json")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert expected in out.stderr and "closest" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_impossible_max_model_len_exits_2_with_the_largest_that_fits():
+    out = calc("--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100", "--tp", "2", "--json")
+    assert out.returncode == 2
+    assert "estimated maximum model length is" in out.stderr
+
+
+def test_weights_that_do_not_fit_exit_2():
+    out = calc("--model", "meta-llama/Llama-3.1-405B-Instruct", "--gpu", "T4-16GB", "--max-model-len", "4096")
+    assert out.returncode == 2 and "does not fit" in out.stderr
+
+
+def test_bad_flag_values_exit_2():
+    assert calc(*LLAMA_H100, "--tp", "0").returncode == 2
+    assert calc(*LLAMA_H100, "--gpu-memory-utilization", "1.5").returncode == 2
+    assert calc(*LLAMA_H100, "--kv-cache-dtype", "int3").returncode == 2
+    assert calc(*LLAMA_H100, "--vllm-version", "latest").returncode == 2
+
+
+def test_help_exits_0():
+    out = calc("--help")
+    assert out.returncode == 0
+    for flag in ("--model", "--gpu", "--gpu-memory-gib", "--tp", "--pp", "--dtype", "--quantization",
+                 "--kv-cache-dtype", "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs",
+                 "--max-num-batched-tokens", "--block-size", "--vllm-version", "--prompt-tokens",
+                 "--output-tokens", "--rate", "--concurrency", "--prefix-hit-ratio", "--ttft-slo",
+                 "--tpot-slo", "--spec-tokens", "--spec-acceptance", "--json"):
+        assert flag in out.stdout
