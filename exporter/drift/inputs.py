@@ -1,0 +1,147 @@
+"""`DriftInput`: everything the finding rules read about one (target, model) at one evaluation.
+
+Why a separate plain value: the rules must be pure and testable without a scraper, a window or a
+calculator, and the window and model modules are free to change shape. `exporter.evaluate`
+builds a `DriftInput` from the window summary, the latest snapshot, `/v1/models`, the target's
+hints and the calculator's predictions; the rules see only this. `None` always means "not
+observed" (a family the server does not expose, a hint nobody gave), never zero.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the calculator says about the target's setup (needs a known model and GPU)."""
+
+    kv_cache_tokens: float | None = None        # predicted "GPU KV cache size" for this setup
+    kv_bytes_per_token: float | None = None     # per GPU
+    kv_cache_gib: float | None = None           # predicted KV pool per GPU
+    gpu_memory_gib: float | None = None         # device memory per GPU
+    tpot_s: float | None = None                 # predicted TPOT at the observed load
+    tpot_at: dict[int, float] = field(default_factory=dict)   # running batch -> TPOT seconds
+    spec_speedup: float | None = None           # predicted speed-up of the configured spec decode
+    fp8_kv_supported: bool | None = None        # the GPU has an fp8 path
+    tiers: tuple["TierOption", ...] = ()        # cheapest first, same SLOs at the observed load
+    current_cost_per_hour: float | None = None  # $/h of the current replica (GPUs x price)
+    current_meets_slo: bool | None = None
+    current_max_rps: float | None = None        # sustainable request rate at the SLOs
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TierOption:
+    gpu: str
+    tp: int
+    replicas: int
+    dollars_per_hour: float
+    meets_slo: bool
+
+
+@dataclass(frozen=True)
+class DriftInput:
+    target: str
+    model_name: str
+    era: str = "v1"                              # "v0" | "v1"
+    vllm_version: tuple[int, int, int] | None = None
+
+    # -- the window
+    window_s: float = 600.0
+    covered_s: float = 0.0                       # seconds of data the window holds
+    samples: int = 0
+    reset: bool = False                          # a counter reset happened inside the window
+
+    # -- load (rates per second over the window; None: family missing)
+    arrival_rps: float | None = None             # finished requests / s (all reasons)
+    prompt_tps: float | None = None              # prompt tokens / s
+    generation_tps: float | None = None          # generated tokens / s
+    preemptions_ps: float | None = None
+    steps_ps: float | None = None                # engine steps / s (iteration_tokens count)
+    prefix_queries_tps: float | None = None      # prefix-cache queried tokens / s
+
+    # -- request shapes
+    prompt_mean: float | None = None
+    prompt_p50: float | None = None
+    prompt_p99: float | None = None
+    prompt_p25: float | None = None              # lower quartile of prompt length
+    output_mean: float | None = None
+    output_p99: float | None = None
+    length_share: float | None = None            # finished_reason="length" / all finished
+    prefix_hit_ratio: float | None = None
+    spec_acceptance: float | None = None         # accepted / draft tokens
+    spec_mean_accepted: float | None = None      # accepted tokens per draft (excl. bonus)
+    spec_k: float | None = None                  # draft tokens per draft
+    iteration_tokens_max: float | None = None    # highest populated iteration_tokens bucket
+
+    # -- behaviour (gauges over the window)
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    tpot_p50: float | None = None
+    tpot_p99: float | None = None
+    queue_p99: float | None = None
+
+    # -- configuration the server reports
+    num_gpu_blocks: float | None = None
+    block_size: float | None = None
+    kv_cache_tokens: float | None = None          # kv_cache_size_tokens or blocks x block size
+    gpu_memory_utilization: float | None = None
+    enable_prefix_caching: bool | None = None
+    cache_dtype: str | None = None
+    max_model_len: float | None = None
+    kv_cache_memory_gib: float | None = None      # kv_cache_memory_bytes label (0.10.2-0.11.0)
+
+    # -- hints (config, file_sd labels, scan flags)
+    gpu: str | None = None                        # resolved catalog name
+    gpu_hint: str | None = None                   # as given
+    tp: int = 1
+    pp: int = 1
+    model: str | None = None                      # resolved catalog id / path
+    max_num_seqs: int | None = None               # hint
+    max_num_batched_tokens: int | None = None     # hint
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    missing_hints: tuple[str, ...] = ()           # "gpu", "model"
+
+    prediction: Prediction = field(default_factory=Prediction)
+    families: frozenset[str] = frozenset()        # canonical signals present
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def v1(self) -> bool:
+        return self.era != "v0"
+
+    @property
+    def capacity_tokens(self) -> float | None:
+        """KV tokens the recommendations use: observed beats predicted (learning from the fleet)."""
+        if self.kv_cache_tokens:
+            return self.kv_cache_tokens
+        return self.prediction.kv_cache_tokens
+
+    @property
+    def resident_tokens(self) -> float | None:
+        """Mean KV tokens one running request holds: measured (usage x pool / running) when the
+        server is busy enough, else from the request shape (prompt x (1 - hit) + output / 2)."""
+        cap = self.capacity_tokens
+        if cap and self.kv_usage_mean is not None and self.running_mean and self.running_mean >= 1.0:
+            measured = self.kv_usage_mean * cap / self.running_mean
+            if measured > 0:
+                return measured
+        if self.prompt_mean is not None and self.output_mean is not None:
+            hit = self.prefix_hit_ratio or 0.0
+            bs = self.block_size or 16.0
+            return self.prompt_mean * (1.0 - hit) + self.output_mean / 2.0 + bs / 2.0
+        return None
+
+    @property
+    def needed_len_p99(self) -> float | None:
+        """An upper bound of the p99 of prompt + output: the sum of the two p99s."""
+        if self.prompt_p99 is None or self.output_p99 is None:
+            return None
+        return self.prompt_p99 + self.output_p99
