@@ -1,0 +1,120 @@
+"""Stable findings: raised after a minimum duration, held in a hysteresis band, cleared when the
+cause goes, held through insufficient data, reset by a config change; state survives a restart
+through the state file, and a corrupt or old file is set aside without stopping anything."""
+from __future__ import annotations
+
+import json
+import os
+
+from exporter.drift.state import STATE_VERSION, StateStore
+from exporter.drift.stability import Tracker
+from exporter.report import Finding
+
+
+def kv(score: float, sev: str = "warning") -> Finding:
+    return Finding("kv_pressure", sev, score, explanation=f"score {score}")
+
+
+def names(fs, severity=("warning", "critical")):
+    return [f.finding for f in fs if f.severity in severity]
+
+
+def test_raised_only_after_two_evaluations_then_held_then_cleared():
+    t = Tracker()
+    assert names(t.update([kv(0.05)], 0)) == []          # pending: exported as info
+    out = t.update([kv(0.05)], 5)
+    assert names(out) == ["kv_pressure"] and out[0].since == 5
+    # inside the hysteresis band (>= half the warning threshold, rule says info): still active
+    out = t.update([kv(0.012, "info")], 10)
+    assert names(out) == ["kv_pressure"] and out[0].severity == "warning"
+    # cause gone: one evaluation below is not enough, two clear it
+    assert names(t.update([], 15)) == ["kv_pressure"]
+    assert names(t.update([], 20)) == []
+    assert t.active() == []
+
+
+def test_a_single_spike_does_not_raise_and_flapping_does_not_clear():
+    t = Tracker()
+    for i, s in enumerate([0.05, 0.0, 0.05, 0.0, 0.05]):
+        out = t.update([kv(s)] if s else [], i * 5)
+        assert names(out) == []
+    t2 = Tracker()
+    t2.update([kv(0.05)], 0)
+    t2.update([kv(0.05)], 5)
+    for i, s in enumerate([0.0, 0.05, 0.0, 0.05]):
+        assert names(t2.update([kv(s)] if s else [], 10 + 5 * i)) == ["kv_pressure"]
+
+
+def test_upgrade_to_critical_needs_confirmation():
+    t = Tracker()
+    t.update([kv(0.05)], 0)
+    t.update([kv(0.05)], 5)
+    assert t.update([kv(0.5, "critical")], 10)[0].severity == "warning"
+    assert t.update([kv(0.5, "critical")], 15)[0].severity == "critical"
+
+
+def test_insufficient_data_holds_then_clears_after_a_window():
+    t = Tracker()
+    t.update([kv(0.05)], 0)
+    t.update([kv(0.05)], 5)
+    assert names(t.hold(10, window_s=60)) == ["kv_pressure"]
+    assert names(t.hold(40, window_s=60)) == ["kv_pressure"]
+    assert t.hold(71, window_s=60) == []
+
+
+def test_config_change_is_an_event_and_drops_setting_findings():
+    t = Tracker()
+    cfg = {"num_gpu_blocks": "1000", "gpu_memory_utilization": "0.5"}
+    assert t.observe_config(cfg, 0) is None
+    gmu = Finding("gpu_memory_utilization", "warning", 0.1, parameter="gpu_memory_utilization")
+    t.update([kv(0.05), gmu], 0)
+    t.update([kv(0.05), gmu], 5)
+    assert sorted(names(t.active())) == ["gpu_memory_utilization", "kv_pressure"]
+    ev = t.observe_config({"num_gpu_blocks": "1900", "gpu_memory_utilization": "0.9"}, 10)
+    assert ev["changed"]["gpu_memory_utilization"] == ["0.5", "0.9"]
+    assert names(t.active()) == ["kv_pressure"] and t.events == [ev]
+
+
+def test_tracker_round_trips_through_the_state_file(tmp_path):
+    t = Tracker()
+    t.update([kv(0.05)], 0)
+    t.update([kv(0.05)], 5)
+    t.observe_config({"num_gpu_blocks": "1000"}, 5)
+    store = StateStore(tmp_path)
+    assert store.save({"trackers": {"a|m": t.to_dict()}})
+    again = StateStore(tmp_path).load()
+    t2 = Tracker.from_dict(again["trackers"]["a|m"])
+    assert [(f.finding, f.severity, f.since) for f in t2.active()] == [("kv_pressure", "warning", 5)]
+    # the restored tracker keeps holding and clearing like the original
+    assert names(t2.update([], 10)) == ["kv_pressure"] and names(t2.update([], 15)) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["drift-state.json"]   # no temp file left
+
+
+def test_corrupt_and_old_files_are_set_aside_and_counted(tmp_path):
+    path = tmp_path / "drift-state.json"
+    path.write_bytes(b'{"format": "vllm-drift-state", "version": 1, "state": {tru')
+    store = StateStore(tmp_path, clock=lambda: 1234)
+    assert store.load() is None
+    assert store.errors == {"load": 1.0}
+    assert (tmp_path / "drift-state.json.corrupt-1234").exists() and not path.exists()
+    path.write_text(json.dumps({"format": "vllm-drift-state", "version": STATE_VERSION + 1, "state": {}}))
+    store.clock = lambda: 1300
+    assert store.load() is None and store.errors["load"] == 2.0
+    assert (tmp_path / "drift-state.json.corrupt-1300").exists()
+    assert store.load() is None and store.errors["load"] == 2.0   # absent file: not an error
+
+
+def test_unwritable_state_dir_is_counted_not_raised(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    store = StateStore(blocker / "sub")          # a directory under a regular file cannot exist
+    assert store.save({"a": 1}) is False and store.errors == {"save": 1.0}
+
+
+def test_save_replaces_atomically(tmp_path):
+    store = StateStore(tmp_path)
+    store.save({"n": 1})
+    before = os.stat(tmp_path / "drift-state.json").st_ino
+    store.save({"n": 2})
+    assert store.load() == {"n": 2}
+    assert os.stat(tmp_path / "drift-state.json").st_ino != before   # a new file renamed over
