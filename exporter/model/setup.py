@@ -20,7 +20,7 @@ Version = tuple[int, int, int]
 # Version milestones (vLLM releases) that change capacity accounting. Sources:
 # ../shared/reference/perf-model.md section 1.1 "Version history".
 V1_DEFAULT = (0, 8, 0)          # V1 engine on by default; before: V0, logs "# GPU blocks"
-BATCH_DEFAULTS_BY_GPU = (0, 9, 0)  # get_batch_defaults: 8192/1024 on >=70 GiB non-A100 GPUs [unverified]
+BATCH_DEFAULTS_BY_GPU = (0, 9, 0)  # get_batch_defaults: 8192/1024 on >=70 GiB non-A100 GPUs (vllm PR #17885, May 2025)
 SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR #205 blog)
 UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vllm PR #38284) [release unverified]
 CUDAGRAPH_ESTIMATE = (0, 21, 0)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default (vllm PR #41099)
@@ -138,7 +138,9 @@ class Setup:
             mnbt = max_num_batched_tokens or (512 if chunked else max(mml, 2048))
         else:
             chunked = True
-            large = dev.large_batch_defaults and version >= BATCH_DEFAULTS_BY_GPU
+            # vLLM decides on the memory the device reports, so an overridden total counts
+            large = (mem >= 70 and "a100" not in dev.name.lower()
+                     and version >= BATCH_DEFAULTS_BY_GPU)
             seqs = max_num_seqs or (1024 if large else 256)
             mnbt = max_num_batched_tokens or (8192 if large else 2048)
         bs = int(block_size) if block_size else 16
