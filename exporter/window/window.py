@@ -1,0 +1,326 @@
+"""A sliding window of one served model's Snapshots, and what it says about traffic.
+
+Why a window: vLLM exports cumulative counters and histograms, so load, latency and request
+shape over "the last 10 minutes" are differences between the newest snapshot and the oldest one
+still in the window, like PromQL's `rate()` / `histogram_quantile(rate(...))`.
+
+* Bounded: at most `max_samples` snapshots in a ring allocated once, and none older than
+  `duration` seconds; gauge means and maxima are kept incrementally (running sums and monotonic
+  queues), so `observe()` costs the same whatever the window size.
+* Resets: a counter or histogram count that went down, a new `_created` start time, a changed
+  engine count or bucket layout all mean the server restarted (or its aggregation changed). A
+  restart is not a negative rate: the window starts afresh from that snapshot and the summary
+  says `reset=True` while the reset lies inside the window.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from exporter.parse.snapshot import Histogram, Snapshot
+
+__all__ = ["Window", "Observed", "Quantiles", "TRACKED_GAUGES"]
+
+TRACKED_GAUGES = ("kv_cache_usage", "num_requests_running", "num_requests_waiting")
+_START_TIME_TOLERANCE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Quantiles:
+    """A distribution over the window from histogram bucket deltas (Prometheus
+    `histogram_quantile` interpolation); `count` observations fell in the window."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
+    count: float
+
+    @classmethod
+    def of(cls, hist: Histogram | None) -> "Quantiles | None":
+        if hist is None:
+            return None
+        total = hist.counts[-1] if hist.counts else hist.count
+        if not total or total <= 0:
+            return None
+        return cls(hist.quantile(0.5), hist.quantile(0.9), hist.quantile(0.99), hist.mean(),
+                   hist.count or total)
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What one model's window shows at `now`. Rates are per second over `duration_s`; None
+    where the window has fewer than two snapshots or the server lacks the signal."""
+
+    target: str
+    model_name: str
+    now: float
+    samples: int                       # snapshots in the window
+    duration_s: float                  # newest - oldest snapshot time
+    reset: bool                        # a restart (counter reset) lies inside the window
+    resets: int                        # restarts seen since this window was created
+    # arrival and throughput
+    requests_per_s: float | None = None          # finished requests (all reasons)
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    preemptions_per_s: float | None = None
+    engine_steps_per_s: float | None = None      # iteration_tokens_total count rate
+    finished_length_share: float | None = None   # finished_reason="length" / all finished
+    # caches and speculation
+    prefix_cache_hit_ratio: float | None = None
+    spec_decode_acceptance_rate: float | None = None
+    spec_decode_mean_acceptance_length: float | None = None
+    spec_decode_acceptance_per_pos: tuple[float, ...] = ()
+    # latency (seconds) and request shape (tokens)
+    ttft: Quantiles | None = None
+    itl: Quantiles | None = None
+    tpot: Quantiles | None = None                # per-request TPOT; ITL when the server lacks it
+    tpot_source: str | None = None               # "request_tpot" | "itl"
+    queue_time: Quantiles | None = None
+    e2e: Quantiles | None = None
+    prompt_len: Quantiles | None = None
+    generation_len: Quantiles | None = None
+    tokens_per_step: Quantiles | None = None
+    # gauges over the window
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    max_running_seen: float | None = None        # since creation or the last reset: <= max_num_seqs
+
+
+class Window:
+    """The last `duration` seconds (and at most `max_samples` snapshots) of one served model."""
+
+    __slots__ = ("duration", "max_samples", "_ring", "_head", "_size", "_seq", "_sums",
+                 "_counts", "_maxq", "_last", "_reset_at", "resets", "_max_running_seen")
+
+    def __init__(self, duration: float, max_samples: int = 256) -> None:
+        if duration <= 0 or max_samples < 2:
+            raise ValueError("a window needs a positive duration and room for two snapshots")
+        self.duration = float(duration)
+        self.max_samples = int(max_samples)
+        self._ring: list[Snapshot | None] = [None] * self.max_samples
+        self._head = 0                      # index of the oldest snapshot
+        self._size = 0
+        self._seq = 0                       # snapshots ever kept; oldest has seq _seq - _size
+        n = len(TRACKED_GAUGES)
+        self._sums = [0.0] * n
+        self._counts = [0] * n
+        self._maxq: list[deque[tuple[int, float]]] = [deque() for _ in range(n)]
+        self._last: Snapshot | None = None
+        self._reset_at: float | None = None
+        self.resets = 0
+        self._max_running_seen: float | None = None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def snapshots(self) -> list[Snapshot]:
+        """Oldest first (a copy, for inspection and tests)."""
+        ring, cap = self._ring, self.max_samples
+        return [ring[(self._head + i) % cap] for i in range(self._size)]  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ updates
+    def observe(self, snap: Snapshot) -> bool:
+        """Add a snapshot; False (and nothing changes) when it is not newer than the last."""
+        last = self._last
+        if last is not None:
+            if snap.timestamp <= last.timestamp:
+                return False
+            if is_reset(last, snap):
+                self._clear()
+                self.resets += 1
+                self._reset_at = snap.timestamp
+        if self._size == self.max_samples:
+            self._evict_oldest()
+        self._push(snap)
+        self._last = snap
+        self._evict_before(snap.timestamp - self.duration)
+        running = snap.gauges.get("num_requests_running")
+        if running is not None and not math.isnan(running):
+            if self._max_running_seen is None or running > self._max_running_seen:
+                self._max_running_seen = running
+        return True
+
+    def _push(self, snap: Snapshot) -> None:
+        idx = (self._head + self._size) % self.max_samples
+        self._ring[idx] = snap
+        self._size += 1
+        seq = self._seq
+        self._seq += 1
+        gauges = snap.gauges
+        for i, key in enumerate(TRACKED_GAUGES):
+            v = gauges.get(key)
+            if v is None or math.isnan(v):
+                continue
+            self._sums[i] += v
+            self._counts[i] += 1
+            q = self._maxq[i]
+            while q and q[-1][1] <= v:
+                q.pop()
+            q.append((seq, v))
+
+    def _evict_oldest(self) -> None:
+        snap = self._ring[self._head]
+        assert snap is not None
+        seq = self._seq - self._size
+        gauges = snap.gauges
+        for i, key in enumerate(TRACKED_GAUGES):
+            v = gauges.get(key)
+            if v is None or math.isnan(v):
+                continue
+            self._sums[i] -= v
+            self._counts[i] -= 1
+            q = self._maxq[i]
+            if q and q[0][0] == seq:
+                q.popleft()
+        self._ring[self._head] = None
+        self._head = (self._head + 1) % self.max_samples
+        self._size -= 1
+        if self._size == 0:
+            self._zero_stats()
+
+    def _evict_before(self, cutoff: float) -> None:
+        while self._size and self._ring[self._head].timestamp < cutoff:  # type: ignore[union-attr]
+            self._evict_oldest()
+
+    def _zero_stats(self) -> None:
+        # exact zeros when empty (running sums drift by float rounding otherwise)
+        for i in range(len(TRACKED_GAUGES)):
+            self._sums[i] = 0.0
+            self._counts[i] = 0
+            self._maxq[i].clear()
+
+    def _clear(self) -> None:
+        while self._size:
+            self._evict_oldest()
+        self._max_running_seen = None
+
+    # ------------------------------------------------------------------ reading
+    def summary(self, now: float) -> Observed:
+        """The window as of `now` (snapshots older than now - duration are dropped first)."""
+        self._evict_before(now - self.duration)
+        last = self._last
+        target = last.target if last else ""
+        model = last.model_name if last else ""
+        reset = self._reset_at is not None and self._reset_at >= now - self.duration
+        if self._size == 0:
+            return Observed(target, model, now, 0, 0.0, reset, self.resets)
+        ring, cap = self._ring, self.max_samples
+        first: Snapshot = ring[self._head]  # type: ignore[assignment]
+        newest: Snapshot = ring[(self._head + self._size - 1) % cap]  # type: ignore[assignment]
+        dt = newest.timestamp - first.timestamp
+        gauge_stats = {}
+        for i, key in enumerate(TRACKED_GAUGES):
+            n = self._counts[i]
+            gauge_stats[key] = ((self._sums[i] / n, self._maxq[i][0][1]) if n else (None, None))
+        kv, running, waiting = (gauge_stats[k] for k in TRACKED_GAUGES)
+        base = dict(target=target, model_name=model, now=now, samples=self._size, duration_s=dt,
+                    reset=reset, resets=self.resets, kv_usage_mean=kv[0], kv_usage_max=kv[1],
+                    running_mean=running[0], running_max=running[1], waiting_mean=waiting[0],
+                    waiting_max=waiting[1], max_running_seen=self._max_running_seen)
+        if self._size < 2 or dt <= 0:
+            return Observed(**base)
+        return Observed(**base, **_deltas(first, newest, dt))
+
+
+def is_reset(prev: Snapshot, cur: Snapshot) -> bool:
+    """Whether `cur` cannot be differenced against `prev` (restart or changed aggregation)."""
+    if prev.engines != cur.engines:
+        return True
+    if (prev.start_time is not None and cur.start_time is not None
+            and abs(cur.start_time - prev.start_time) > _START_TIME_TOLERANCE_S):
+        return True
+    pc, cc = prev.counters, cur.counters
+    for key, value in cc.items():
+        old = pc.get(key)
+        if old is not None and value < old:
+            return True
+    for reason, value in cur.finished_by_reason.items():
+        old = prev.finished_by_reason.get(reason)
+        if old is not None and value < old:
+            return True
+    ph = prev.histograms
+    for key, hist in cur.histograms.items():
+        old = ph.get(key)
+        if old is not None and (old.bounds != hist.bounds or hist.count < old.count
+                                or (hist.counts and old.counts and hist.counts[-1] < old.counts[-1])):
+            return True
+    return False
+
+
+def _rate(first: Snapshot, last: Snapshot, key: str, dt: float) -> float | None:
+    a = first.counters.get(key)
+    b = last.counters.get(key)
+    if a is None or b is None:
+        return None
+    return (b - a) / dt
+
+
+def _counter_delta(first: Snapshot, last: Snapshot, key: str) -> float | None:
+    a = first.counters.get(key)
+    b = last.counters.get(key)
+    return None if a is None or b is None else b - a
+
+
+def _hist_delta(first: Snapshot, last: Snapshot, key: str) -> Histogram | None:
+    b = last.histograms.get(key)
+    a = first.histograms.get(key)
+    if a is None or b is None:
+        return None
+    return b.delta(a)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def _deltas(first: Snapshot, last: Snapshot, dt: float) -> dict:
+    out: dict = {}
+    out["prompt_tokens_per_s"] = _rate(first, last, "prompt_tokens_total", dt)
+    out["generation_tokens_per_s"] = _rate(first, last, "generation_tokens_total", dt)
+    out["preemptions_per_s"] = _rate(first, last, "num_preemptions_total", dt)
+    finished = _counter_delta(first, last, "request_success_total")
+    out["requests_per_s"] = finished / dt if finished is not None else None
+    length_now = last.finished_by_reason.get("length")
+    length_then = first.finished_by_reason.get("length")
+    if length_now is not None and length_then is not None:
+        out["finished_length_share"] = _ratio(length_now - length_then, finished)
+    steps = _hist_delta(first, last, "iteration_tokens")
+    if steps is not None:
+        out["engine_steps_per_s"] = steps.count / dt if steps.count else (
+            steps.counts[-1] / dt if steps.counts else None)
+        out["tokens_per_step"] = Quantiles.of(steps)
+    hits = _counter_delta(first, last, "prefix_cache_hits_total")
+    queries = _counter_delta(first, last, "prefix_cache_queries_total")
+    out["prefix_cache_hit_ratio"] = _ratio(hits, queries)
+    if out["prefix_cache_hit_ratio"] is None and queries is None:
+        rate = last.gauges.get("prefix_cache_hit_rate")  # V0 gauge, -1 when disabled
+        if rate is not None and rate >= 0:
+            out["prefix_cache_hit_ratio"] = rate
+    accepted = _counter_delta(first, last, "spec_decode_num_accepted_tokens_total")
+    drafted = _counter_delta(first, last, "spec_decode_num_draft_tokens_total")
+    drafts = _counter_delta(first, last, "spec_decode_num_drafts_total")
+    out["spec_decode_acceptance_rate"] = _ratio(accepted, drafted)
+    mean_accepted = _ratio(accepted, drafts)
+    out["spec_decode_mean_acceptance_length"] = None if mean_accepted is None else 1.0 + mean_accepted
+    if drafts and drafts > 0 and len(first.spec_accepted_per_pos) == len(last.spec_accepted_per_pos):
+        out["spec_decode_acceptance_per_pos"] = tuple(
+            (b - a) / drafts for a, b in zip(first.spec_accepted_per_pos, last.spec_accepted_per_pos))
+    for field, key in (("ttft", "ttft_seconds"), ("itl", "itl_seconds"),
+                       ("queue_time", "queue_time_seconds"), ("e2e", "e2e_seconds"),
+                       ("prompt_len", "prompt_tokens"), ("generation_len", "generation_tokens")):
+        out[field] = Quantiles.of(_hist_delta(first, last, key))
+    if "tpot_seconds" in last.histograms:
+        out["tpot"] = Quantiles.of(_hist_delta(first, last, "tpot_seconds"))
+        out["tpot_source"] = "request_tpot"
+    elif "itl_seconds" in last.histograms:
+        out["tpot"] = out["itl"]
+        out["tpot_source"] = "itl"
+    return out
