@@ -168,7 +168,8 @@ V1_RUNNING_HELP = "Number of requests in model execution batches."
 V0_RUNNING_HELP = "Number of requests currently running on GPU."
 
 # `cache_config_info` labels by version (§2.9): (first, last) released versions carrying it.
-# The label set is complete on every scrape, so a missing label bounds the version too.
+# The label set is complete on every scrape, so a missing label that was never removed bounds
+# the version from above too.
 CACHE_CONFIG_LABELS: dict[str, tuple[str, str | None]] = {
     "is_attention_free": ("0.6.3", None),
     "calculate_kv_scales": ("0.7.0", "0.27.0"),
@@ -270,7 +271,7 @@ def guess_version(names: frozenset[str], era: str,
                 lower(first)
                 if last:
                     upper(last, False)
-            else:
+            elif last is None:  # absent and never removed: older than its introduction
                 upper(first, True)
     if era == V1:
         lower("0.7.1")
