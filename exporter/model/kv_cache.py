@@ -169,9 +169,12 @@ def kv_groups(setup: Setup) -> _Groups:
 # ---- non-KV memory --------------------------------------------------------------------------
 
 def _stage_layers(num_layers: int, pp: int) -> list[int]:
-    """vLLM's even split of decoder layers over PP stages (remainder to the last stages)."""
-    base, rem = divmod(num_layers, pp)
-    return [base + (1 if i >= pp - rem else 0) for i in range(pp)]
+    """vLLM's split of decoder layers over PP stages (`get_pp_indices`): even, and the
+    remainder goes to the stages before the last one (which also holds the lm_head)."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
 
 
 def weights_bytes(setup: Setup, stage: int = 0) -> float:
@@ -300,6 +303,8 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
     bs = groups.block_size
     per_request = blocks_per_request(setup, groups)
     max_conc = blocks / per_request if per_request else 0.0
+    if setup.v0:  # V0 logged num_gpu_blocks x block_size / max_model_len
+        max_conc = blocks * bs / setup.max_model_len
     if setup.v0 or setup.vllm_version < TOKENS_FROM_CONCURRENCY:
         tokens = blocks // len(groups.kinds) * bs if not setup.v0 else blocks * bs
     else:
