@@ -312,6 +312,7 @@ def render(t: dict[str, Any]) -> dict[str, str]:
         "kind": "PrometheusRule",
         "metadata": {
             "name": "vllm-drift",
+            "namespace": "monitoring",
             "labels": {"app.kubernetes.io/name": "vllm-drift",
                        "app.kubernetes.io/component": "rules",
                        # kube-prometheus-stack selects rules by its release label by default.
