@@ -1,0 +1,137 @@
+"""Scenario files: every built-in loads and runs and shows its problem; bad files are rejected
+with an InputError naming the file and the key."""
+from __future__ import annotations
+
+import pytest
+
+from exporter.errors import InputError
+from exporter.sim.scenario import FINDINGS, build, builtin_names, load_scenario
+
+REQUIRED = {"healthy", "kv-pressure", "max-num-seqs-too-low", "oversized-max-model-len",
+            "low-gpu-memory-utilization", "idle-overprovisioned", "wrong-tier",
+            "spec-decode-harmful", "prefix-caching-off"}
+
+
+def test_all_required_builtins_exist_with_ground_truth():
+    names = set(builtin_names())
+    assert REQUIRED <= names
+    for name in names:
+        sc = load_scenario(name)
+        assert sc.name == name
+        assert set(sc.ground_truth) <= set(FINDINGS)
+        assert (sc.ground_truth == ()) == (name == "healthy"), name
+        assert not set(sc.ground_truth) & set(sc.acceptable)
+
+
+def run(name: str, seconds: float, seed: int = 3):
+    st = build(load_scenario(name), seed=seed)
+    samples = []
+    for t in range(0, int(seconds) + 1, 2):
+        st.tick(float(t))
+        m = st.engine.metrics
+        samples.append((m.running, m.waiting, m.kv_usage, m.counters["preemptions"]))
+    return st, samples
+
+
+def test_scenarios_show_their_problem_within_a_minute():
+    """What the drift check needs to see in its 60 s window at default speed."""
+    _, s = run("kv-pressure", 60)
+    assert s[-1][3] > s[0][3] and max(x[2] for x in s) >= 0.95
+    st, s = run("max-num-seqs-too-low", 60)
+    cap = st.engine.cfg.max_num_seqs
+    assert all(x[0] <= cap for x in s) and sum(x[0] == cap and x[1] > 0 for x in s) > len(s) / 2
+    assert max(x[2] for x in s) < 0.5
+    st, s = run("low-gpu-memory-utilization", 60)
+    assert st.resolved.gpu_memory_utilization <= 0.6 and s[-1][3] > s[0][3]
+    st, s = run("idle-overprovisioned", 60)
+    assert max(x[0] for x in s) < 0.05 * st.engine.cfg.max_num_seqs and max(x[2] for x in s) < 0.1
+    st, _ = run("oversized-max-model-len", 60)
+    prompts = st.engine.metrics.hist["prompt_tokens"]
+    assert st.max_model_len >= 8 * prompts.sum / prompts.count
+    st, _ = run("prefix-caching-off", 10)
+    assert not st.engine.cfg.enable_prefix_caching and st.engine.metrics.counters["prefix_queries"] == 0
+    st, _ = run("spec-decode-harmful", 30)
+    c = st.engine.metrics.counters
+    assert c["spec_draft_tokens"] > 0 and c["spec_accepted"] / c["spec_draft_tokens"] < 0.3
+
+
+def test_healthy_stays_healthy_over_ten_minutes():
+    for seed in (1, 2, 3):
+        _, s = run("healthy", 600, seed)
+        assert s[-1][3] == 0, "no preemptions"
+        assert max(x[1] for x in s) <= 2, "no real queue"
+        assert max(x[2] for x in s) < 0.85, "KV comfortable"
+        assert sum(x[0] for x in s) / len(s) >= 8, "a real batch, not idle"
+
+
+def test_phases_change_traffic_mid_run():
+    sc = load_scenario("traffic-shift")
+    assert len(sc.phases) == 2 and sc.phases[1].at_s == 300
+    st = build(sc, seed=1)
+    for t in range(0, 240, 5):
+        st.tick(float(t))
+    assert st.engine.metrics.counters["preemptions"] == 0
+    for t in range(240, 700, 5):
+        st.tick(float(t))
+    assert st.engine.metrics.counters["preemptions"] > 0
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+BASE = "model: meta-llama/Llama-3.1-8B-Instruct\ngpu: L4\ntraffic: {rate: 1}\n"
+
+
+@pytest.mark.parametrize("text,key", [
+    (BASE + "vllm: {max_num_seqz: 4}\n", "vllm.max_num_seqz"),
+    (BASE + "vllm: {max_num_seqs: many}\n", "vllm.max_num_seqs"),
+    (BASE + "vllm: {gpu_memory_utilization: 1.5}\n", "vllm.gpu_memory_utilization"),
+    (BASE + "vllm: {enable_prefix_caching: maybe}\n", "vllm.enable_prefix_caching"),
+    ("model: x\ngpu: L4\ntraffic: {rate: -1}\n", "traffic.rate"),
+    ("model: x\ngpu: L4\ntraffic: {burst: 2}\n", "traffic.burst"),
+    ("model: x\ngpu: L4\ntraffic: {}\n", "traffic.rate"),
+    ("gpu: L4\ntraffic: {rate: 1}\n", "model"),
+    (BASE + "traffic_typo: 1\n", "traffic_typo"),
+    (BASE + "ground_truth: [kv_presure]\n", "ground_truth"),
+    (BASE + "phases: [{traffic: {rate: 2}}]\n", "phases[0].at"),
+    (BASE + "phases: [{at: soon, traffic: {rate: 2}}]\n", "phases[0].at"),
+    (BASE.replace("{rate: 1}", "{rate: 1, prompt: {mean: 10, kind: zipf}}"), "traffic.prompt.kind"),
+    (BASE + "vllm: {speculative: {num_speculative_tokens: 2, acceptance: 2}}\n",
+     "vllm.speculative.acceptance"),
+])
+def test_bad_scenario_files_name_the_file_and_key(tmp_path, text, key):
+    path = write(tmp_path, text)
+    with pytest.raises(InputError) as err:
+        load_scenario(path)
+    msg = str(err.value)
+    assert path in msg and key in msg, msg
+
+
+def test_bad_yaml_and_unknown_names(tmp_path):
+    path = write(tmp_path, "model: [unclosed\n")
+    with pytest.raises(InputError, match="bad.yaml.*line"):
+        load_scenario(path)
+    with pytest.raises(InputError, match="unknown scenario 'no-such'.*healthy"):
+        load_scenario("no-such")
+    with pytest.raises(InputError, match="empty scenario"):
+        load_scenario(write(tmp_path, ""))
+
+
+def test_unknown_model_or_gpu_and_unfitting_context_are_input_errors(tmp_path):
+    with pytest.raises(InputError):
+        build(load_scenario(write(tmp_path, BASE.replace("gpu: L4", "gpu: Z9000"))))
+    with pytest.raises(InputError, match="max_model_len"):
+        build(load_scenario(write(tmp_path, BASE + "vllm: {num_gpu_blocks: 10, max_model_len: 4096}\n")))
+
+
+def test_user_scenario_file_runs(tmp_path):
+    path = write(tmp_path, "model: meta-llama/Llama-3.1-8B-Instruct\ngpu: L4\n"
+                 "vllm: {max_model_len: 4096, num_gpu_blocks: 600}\n"
+                 "traffic: {rate: 2, prompt: {mean: 500}, output: {mean: 300}}\n")
+    st = build(load_scenario(path), seed=1)
+    st.tick(30.0)
+    assert st.engine.metrics.counters["generation_tokens"] > 0
+    assert st.engine.cfg.num_gpu_blocks == 600
