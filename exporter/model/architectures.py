@@ -145,7 +145,8 @@ class ModelArch:
         for i in range(self.num_layers):
             other += 2 * self.hidden_size
             if self.layer_types and self.layer_types[i] in (MAMBA, LINEAR):
-                linear += self.attention_params_per_layer()  # same order of projections
+                # in/out projections of a mixer with inner width 2 x hidden [approximation]
+                linear += 6 * self.hidden_size * self.hidden_size
             else:
                 linear += self.attention_params_per_layer()
             if i in moe:
