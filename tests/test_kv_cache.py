@@ -201,3 +201,25 @@ def test_max_model_len_too_large_names_the_largest_that_fits():
     assert kv_capacity(s.with_(max_model_len=largest)).max_concurrency >= 1.0
     with pytest.raises(InputError):
         kv_capacity(s.with_(max_model_len=largest + 16))
+
+
+def test_mamba_hybrid_state_pages(tmp_path):
+    import json
+    from exporter.model.architectures import load_hf_config
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "jamba", "num_hidden_layers": 8, "hidden_size": 1024, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "intermediate_size": 2048, "vocab_size": 1000, "max_position_embeddings": 8192,
+        "attn_layer_period": 4, "attn_layer_offset": 3, "mamba_d_state": 16, "mamba_d_conv": 4,
+        "mamba_expand": 2}))
+    arch = load_hf_config(tmp_path)
+    assert arch.layer_types.count("full") == 2 and arch.layer_types.count("mamba") == 6
+    # state per layer: conv 3 x (2048 + 2 x 16) x 2 B + ssm 2048 x 16 x 2 B
+    assert arch.state_bytes_per_layer == 3 * 2080 * 2 + 2048 * 16 * 2
+    s = Setup.build(arch, "L4", max_model_len=4096, vllm_version="0.19.0")
+    g = kv_groups(s)
+    # attention page (2 heads x 128 x K,V x 2 B = 1 KiB per token) grows to cover one state page
+    assert g.block_size % 16 == 0 and g.page_bytes >= arch.state_bytes_per_layer
+    assert g.page_bytes - 16 * 1024 < arch.state_bytes_per_layer
+    # two attention layers -> group size 2: one attention group, three mamba groups of one page each
+    assert g.group_size == 2 and g.kinds.count("mamba") == 3
+    assert blocks_per_request(s, g) == -(-4096 // g.block_size) + 3

@@ -237,7 +237,8 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
 def _state_bytes(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int) -> int:
     """Recurrent state per request per Mamba/linear layer (conv state + SSM state), in bytes.
     Mamba2: conv (d_conv-1) x (d_inner + 2*groups*d_state), ssm heads x head_dim x d_state;
-    gated delta net: conv over q,k,v channels, state heads x k_dim x v_dim. fp32 SSM state."""
+    gated delta net: conv over q,k,v channels, state heads x k_dim x v_dim; 2-byte elements
+    (vLLM's mamba cache dtypes default to the model dtype)."""
     if MAMBA in types:
         d_state = int(_opt(cfg, "mamba_d_state", "ssm_state_size", "state_size", default=128))
         d_conv = int(_opt(cfg, "mamba_d_conv", "conv_kernel", default=4))
@@ -245,7 +246,7 @@ def _state_bytes(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int) ->
         d_inner = int(_opt(cfg, "mamba_d_inner", default=expand * hidden))
         groups = int(_opt(cfg, "mamba_n_groups", "n_groups", default=1))
         conv = (d_conv - 1) * (d_inner + 2 * groups * d_state) * 2
-        return conv + d_inner * d_state * 4
+        return conv + d_inner * d_state * 2
     if LINEAR in types:
         kh = int(_opt(cfg, "linear_num_key_heads", default=16))
         vh = int(_opt(cfg, "linear_num_value_heads", default=32))
@@ -253,7 +254,7 @@ def _state_bytes(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int) ->
         vd = int(_opt(cfg, "linear_value_head_dim", default=128))
         conv_k = int(_opt(cfg, "linear_conv_kernel_dim", default=4))
         conv = (conv_k - 1) * (2 * kh * kd + vh * vd) * 2
-        return conv + vh * kd * vd * 4
+        return conv + vh * kd * vd * 2
     return 0
 
 
