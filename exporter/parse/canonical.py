@@ -45,11 +45,15 @@ for _m in eras.V0_NAMES + eras.V1_NAMES:
     else:
         for _suffix, _part in (("_bucket", "b"), ("_sum", "s"), ("_count", "n"), ("_created", "t")):
             _PARTS[_m.exposed + _suffix] = (_m, _part)
-# canonical key -> exposed names, preferred first (V0 and V1 agree on keys and ranks per name)
+# canonical key -> exposed names, preferred first. A name's rank is its highest in any era:
+# `gpu_cache_usage_perc` is V0's only name (rank 0) but V1's deprecated one (rank 1).
+_RANK: dict[tuple[str, str], int] = {}
+for _m in eras.V0_NAMES + eras.V1_NAMES:
+    if _m.key:
+        _RANK[(_m.key, _m.exposed)] = max(_RANK.get((_m.key, _m.exposed), 0), _m.rank)
 _KEY_NAMES: dict[str, tuple[str, ...]] = {}
-for _m in sorted(eras.V0_NAMES + eras.V1_NAMES, key=lambda m: m.rank):
-    if _m.key and _m.exposed not in _KEY_NAMES.get(_m.key, ()):
-        _KEY_NAMES[_m.key] = _KEY_NAMES.get(_m.key, ()) + (_m.exposed,)
+for (_key, _exposed), _rank in sorted(_RANK.items(), key=lambda kv: kv[1]):
+    _KEY_NAMES[_key] = _KEY_NAMES.get(_key, ()) + (_exposed,)
 _MAX_GAUGES = frozenset(("kv_cache_usage", "prefix_cache_hit_rate"))
 _CACHE_CONFIG = "vllm:cache_config_info"
 _RUNNING = "vllm:num_requests_running"
