@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--after pairs with exactly one file TARGET")
     if args.interval is not None and args.interval <= 0:
         raise InputError("--interval must be positive")
-    evaluator = Evaluator(Config())
+    evaluator = Evaluator(Config(), one_shot=True)
     reports: list[ModelReport] = []
     for target in args.targets:
         if target.startswith(("http://", "https://")):
