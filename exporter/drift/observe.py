@@ -1,0 +1,192 @@
+"""From the window summary, the latest snapshot, `/v1/models` and the target's hints to one
+`DriftInput`; and the rule for "is there enough data to judge".
+
+Why here and not in the window: these are the drift engine's choices (which quantile stands for
+"the shared-prefix floor", how max_num_seqs is inferred, what counts as too little data), kept
+next to the rules that depend on them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from exporter.config import Config, TargetSpec
+from exporter.drift.inputs import DriftInput
+from exporter.parse.snapshot import Histogram, Snapshot
+from exporter.scrape import Metadata
+
+MIN_COVER = 0.5          # share of the window the data must cover
+MIN_SAMPLES = 3
+
+
+def _f(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _bool(v: Any) -> bool | None:
+    if isinstance(v, bool):
+        return v
+    if v is None:
+        return None
+    s = str(v).strip().lower()
+    if s in ("true", "1", "yes"):
+        return True
+    if s in ("false", "0", "no"):
+        return False
+    return None        # "None" (some 0.8-0.10 servers): unknown
+
+
+def _q(quantiles: Any, name: str) -> float | None:
+    return None if quantiles is None else _f(getattr(quantiles, name, None))
+
+
+def _version(text: str | None) -> tuple[int, int, int] | None:
+    if not text:
+        return None
+    parts = []
+    for p in str(text).lstrip("v").split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    while len(parts) < 3:
+        parts.append(0)
+    return tuple(parts[:3])  # type: ignore[return-value]
+
+
+def _window_hist(window: Any, key: str) -> Histogram | None:
+    snaps = window.snapshots() if hasattr(window, "snapshots") else []
+    if len(snaps) < 2:
+        return None
+    a, b = snaps[0].histograms.get(key), snaps[-1].histograms.get(key)
+    if a is None or b is None:
+        return None
+    return b.delta(a)
+
+
+def _top_populated(h: Histogram | None) -> float | None:
+    """Upper bound of the highest finite bucket that gained observations."""
+    if h is None:
+        return None
+    prev = 0.0
+    top = None
+    for bound, count in zip(h.bounds, h.counts):
+        if count > prev and math.isfinite(bound):
+            top = bound
+        prev = count
+    return top
+
+
+def build_input(spec: TargetSpec, model_name: str, obs: Any, latest: Snapshot, metadata: Metadata | None,
+                observed: Mapping[str, Any], cfg: Config, window: Any = None) -> DriftInput:
+    cc = latest.cache_config
+    blocks = _f(cc.get("num_gpu_blocks"))
+    bs = _f(cc.get("block_size"))
+    tokens = _f(cc.get("kv_cache_size_tokens"))
+    if tokens is None and blocks and bs:
+        tokens = blocks * bs
+    kv_mem = _f(cc.get("kv_cache_memory_bytes"))
+    mml = _f(observed.get("max_model_len"))
+    if mml is None:
+        mml = _f(cc.get("max_model_len"))
+    slo = spec.slo or cfg.slo
+    labels = spec.labels or {}
+
+    prompt_hist = _window_hist(window, "prompt_tokens") if window is not None else None
+    steps_hist = _window_hist(window, "iteration_tokens") if window is not None else None
+    spec_k = None
+    per_pos = getattr(obs, "spec_decode_acceptance_per_pos", ()) or ()
+    mean_len = _f(getattr(obs, "spec_decode_mean_acceptance_length", None))
+    if window is not None and hasattr(window, "snapshots"):
+        snaps = window.snapshots()
+        if len(snaps) >= 2:
+            a, b = snaps[0].counters, snaps[-1].counters
+            d0, d1 = a.get("spec_decode_num_drafts_total"), b.get("spec_decode_num_drafts_total")
+            t0, t1 = a.get("spec_decode_num_draft_tokens_total"), b.get("spec_decode_num_draft_tokens_total")
+            if None not in (d0, d1, t0, t1) and d1 - d0 > 0:
+                spec_k = (t1 - t0) / (d1 - d0)
+    if spec_k is None and per_pos:
+        spec_k = float(len(per_pos))
+    prompt = getattr(obs, "prompt_len", None)
+    gen = getattr(obs, "generation_len", None)
+    tpot = getattr(obs, "tpot", None)
+    ttft = getattr(obs, "ttft", None)
+    queue = getattr(obs, "queue_time", None)
+
+    def hint_int(name: str) -> int | None:
+        v = getattr(spec, name, None) or labels.get(name)
+        try:
+            return int(v) if v else None
+        except (TypeError, ValueError):
+            return None
+
+    return DriftInput(
+        target=spec.url, model_name=model_name, era=latest.engine_era,
+        vllm_version=_version(metadata.vllm_version if metadata else None),
+        window_s=float(getattr(window, "duration", cfg.evaluation.window) if window is not None
+                       else cfg.evaluation.window),
+        covered_s=_f(getattr(obs, "duration_s", 0.0)) or 0.0, samples=int(getattr(obs, "samples", 0) or 0),
+        reset=bool(getattr(obs, "reset", False)),
+        arrival_rps=_f(getattr(obs, "requests_per_s", None)),
+        prompt_tps=_f(getattr(obs, "prompt_tokens_per_s", None)),
+        generation_tps=_f(getattr(obs, "generation_tokens_per_s", None)),
+        preemptions_ps=_f(getattr(obs, "preemptions_per_s", None)),
+        steps_ps=_f(getattr(obs, "engine_steps_per_s", None)),
+        prompt_mean=_q(prompt, "mean"), prompt_p50=_q(prompt, "p50"), prompt_p99=_q(prompt, "p99"),
+        prompt_p25=_f(prompt_hist.quantile(0.25)) if prompt_hist is not None else None,
+        output_mean=_q(gen, "mean"), output_p99=_q(gen, "p99"),
+        length_share=_f(getattr(obs, "finished_length_share", None)),
+        prefix_hit_ratio=_f(getattr(obs, "prefix_cache_hit_ratio", None)),
+        spec_acceptance=_f(getattr(obs, "spec_decode_acceptance_rate", None)),
+        spec_mean_accepted=None if mean_len is None else mean_len - 1.0,
+        spec_k=spec_k, iteration_tokens_max=_top_populated(steps_hist),
+        kv_usage_mean=_f(getattr(obs, "kv_usage_mean", None)), kv_usage_max=_f(getattr(obs, "kv_usage_max", None)),
+        running_mean=_f(getattr(obs, "running_mean", None)), running_max=_f(getattr(obs, "running_max", None)),
+        waiting_mean=_f(getattr(obs, "waiting_mean", None)), waiting_max=_f(getattr(obs, "waiting_max", None)),
+        ttft_p50=_q(ttft, "p50"), ttft_p99=_q(ttft, "p99"), tpot_p50=_q(tpot, "p50"), tpot_p99=_q(tpot, "p99"),
+        queue_p99=_q(queue, "p99"),
+        num_gpu_blocks=blocks, block_size=bs, kv_cache_tokens=tokens,
+        gpu_memory_utilization=_f(cc.get("gpu_memory_utilization")),
+        enable_prefix_caching=_bool(cc.get("enable_prefix_caching")),
+        cache_dtype=(str(cc["cache_dtype"]) if cc.get("cache_dtype") not in (None, "None") else None),
+        max_model_len=mml, kv_cache_memory_gib=(kv_mem / 2**30 if kv_mem else None),
+        gpu_hint=spec.gpu or labels.get("gpu"), tp=hint_int("tp") or 1, pp=hint_int("pp") or 1,
+        max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
+        slo_ttft_s=slo.ttft_p99 if slo else None, slo_tpot_s=slo.tpot_p99 if slo else None,
+        families=frozenset(set(latest.gauges) | set(latest.counters) | set(latest.histograms)),
+    )
+
+
+def sufficiency(x: DriftInput, *, one_shot: bool = False) -> tuple[bool, str]:
+    """Enough data to judge: the window covers at least half its length with a few scrapes.
+    A counter reset restarts the window, so right after a restart this is false. A one-shot
+    diagnosis (`scan`) judges from any pair of snapshots with time between them."""
+    if one_shot:
+        if x.samples >= 2 and x.covered_s > 0:
+            return True, ""
+        return False, ("insufficient data: one snapshot has no rates; give a second with --after FILE "
+                       "(files) or --interval SECONDS (URLs)")
+    need = MIN_COVER * x.window_s
+    if x.samples < MIN_SAMPLES or x.covered_s < need:
+        why = (f"insufficient data: the window holds {x.covered_s:.0f} s in {x.samples} scrapes; "
+               f"findings need {need:.0f} s" + (" (a counter reset restarted it)" if x.reset else ""))
+        return False, why
+    return True, ""
+
+
+MIN_REQUESTS = 3
+
+
+def low_traffic(x: DriftInput) -> str:
+    """Non-empty (the reason) when too few requests ran in the window to judge the settings."""
+    finished = (x.arrival_rps or 0.0) * x.covered_s
+    if finished >= MIN_REQUESTS or (x.running_mean or 0.0) >= 1.0:
+        return ""
+    return (f"insufficient data: {finished:.0f} requests finished and {x.running_mean or 0:.1f} ran on "
+            f"average in the last {x.covered_s:.0f} s; settings are judged from {MIN_REQUESTS} requests up")
