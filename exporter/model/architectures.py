@@ -91,6 +91,7 @@ class ModelArch:
     shared_experts: int = 0                # count of shared experts of moe_intermediate_size
     shared_expert_intermediate_size: int = 0
     moe_layers: tuple[int, ...] = ()       # indices of MoE layers
+    rotary_dim: int = 0                    # rotary dims per head (cos/sin cache width)
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
     quantization: str | None = None
@@ -336,6 +337,12 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     dtype = str(_opt(cfg, "torch_dtype", "dtype", default=outer.get("torch_dtype") or "bfloat16"))
     if quantization is None:
         quantization = _quant_from_config(outer) or _quant_from_config(cfg)
+    if mla:
+        rotary = int(cfg.get("qk_rope_head_dim") or 0)
+    elif cfg.get("rotary_dim"):
+        rotary = int(cfg["rotary_dim"])
+    else:
+        rotary = int(head_dim * float(_opt(cfg, "partial_rotary_factor", default=1.0)))
     gated = model_type not in ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox")
     return ModelArch(
         name=name, model_type=model_type, num_layers=n, hidden_size=hidden, num_heads=heads,
@@ -352,7 +359,7 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         layer_types=types,
         sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
-        state_bytes_per_layer=_state_bytes(cfg, types, hidden),
+        state_bytes_per_layer=_state_bytes(cfg, types, hidden), rotary_dim=rotary,
         num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,

@@ -50,12 +50,13 @@ CALIBRATION = {
     "non_torch_pp_gib": 0.07,
     "non_torch_tp_nvswitch_gib": 2.12,   # NCCL NVLS buffers on NVSwitch systems (H100/H200/B200)
     "non_torch_tp_pcie_gib": 0.45,       # PCIe / NVLink-bridge GPUs: no NVLS [estimate]
+    # share of a multimodal tower's weights every TP rank holds in full (patch embeddings,
+    # norms, position tables, layers without a TP split); Kimi-VL and Mistral-Small w8a8 at TP2
+    "tower_replicated_share": 0.3,
     # CUDA-graph memory estimate subtracted from v0.21 (median of cudagraph_estimated_gib)
     "cudagraph_single_gib": 0.84,
     "cudagraph_tp_gib": 1.60,
     "cudagraph_pp_gib": 0.52,
-    # weights: tensors that are not parameters (rotary caches, buffers) per rank, GiB
-    "weights_overhead_gib": 0.02,
 }
 
 
@@ -199,11 +200,14 @@ def weights_bytes(setup: Setup, stage: int = 0) -> float:
     emb = padded_vocab * m.hidden_size * native
     total = (linear_bytes / tp + other * native) * share
     if stage == 0:
-        total += emb / tp + m.extra_params * native / tp
+        share_rep = CALIBRATION["tower_replicated_share"]
+        total += emb / tp + m.extra_params * native * (share_rep + (1 - share_rep) / tp)
     if stage == pp - 1:
         if not m.tie_word_embeddings or pp > 1:
             total += emb / tp
-    return total + CALIBRATION["weights_overhead_gib"] * GIB
+    # the rotary cos/sin cache, [max_position_embeddings, rotary_dim] in the model dtype, on
+    # every rank (2.5 GiB for Llama 4's 10M positions: its "Model loading took" 53.12 GiB at TP4)
+    return total + m.max_position_embeddings * m.rotary_dim * native
 
 
 def activation_bytes(setup: Setup, stage: int = 0) -> float:
