@@ -94,3 +94,15 @@ def test_help_exits_0():
                  "--output-tokens", "--rate", "--concurrency", "--prefix-hit-ratio", "--ttft-slo",
                  "--tpot-slo", "--spec-tokens", "--spec-acceptance", "--json"):
         assert flag in out.stdout
+
+
+@pytest.mark.parametrize("extra, truth", [
+    # llm-d-planner sweep, vLLM 0.19 on H100: runtime --quantization fp8 and pipeline parallel runs
+    (("--quantization", "fp8"), 529248),
+    (("--pp", "2"), 1075312),
+    (("--kv-cache-dtype", "fp8"), 952032),
+])
+def test_flags_the_observation_csv_cannot_express(extra, truth):
+    out = calc(*LLAMA_H100, *extra, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kv_cache"]["tokens"] == pytest.approx(truth, rel=0.01)
