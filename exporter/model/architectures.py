@@ -41,6 +41,8 @@ QUANT_ALIASES = {
     "w4a16": "w4a16", "gptq": "gptq", "gptq_marlin": "gptq", "gptq-int4": "gptq", "marlin": "gptq",
     "awq": "awq", "awq_marlin": "awq", "w8a16": "w8a16", "gptq-int8": "gptq-int8",
     "mxfp4": "mxfp4", "nvfp4": "nvfp4", "fp4": "nvfp4", "modelopt_fp4": "nvfp4",
+    "ptpc_fp8": "fp8", "fp8_e4m3": "fp8", "experts_int8": "w8a16", "bitsandbytes": "w4a16",
+    "compressed_tensors": "w8a8",
     "none": None, "auto": None, "": None,
 }
 
