@@ -117,9 +117,12 @@ class Setup:
         kv = _KV_DTYPES.get((kv_cache_dtype or "auto").lower())
         if kv is None:
             raise InputError(f"--kv-cache-dtype: unknown {kv_cache_dtype!r}; one of auto, fp8")
-        quant = normalize_quantization(quantization) if quantization else arch.quantization
-        if quantization and quantization.lower() in ("compressed-tensors", "fp8 (runtime)"):
-            quant = arch.quantization or "fp8"
+        if quantization and quantization.strip().lower() in ("compressed-tensors", "compressed_tensors"):
+            quant = arch.quantization or "w8a8"  # the checkpoint's own scheme says which
+        elif quantization and quantization.strip().lower().startswith("fp8"):
+            quant = "fp8"
+        else:
+            quant = normalize_quantization(quantization) if quantization else arch.quantization
         util = gpu_memory_utilization
         if util is None:
             util = 0.92 if version >= UTIL_092 else 0.9
