@@ -4,7 +4,10 @@ Reads ../shared/fixtures/kv-capacity-observations.csv (startup lines: "GPU KV ca
 "# GPU blocks") and kv-memory-breakdown.csv (the same runs with vLLM's memory split), runs the
 predictor in-process with the same arguments the outside check passes to `vllm-drift calc`,
 and prints the mean absolute percentage error of KV tokens and of max concurrency per dataset,
-overall, for the held-out split, and the worst rows.
+overall, for the held-out split, and the worst rows. The CSVs carry the "GPU KV cache size"
+line, not the concurrency line, so the true concurrency is derived from the logged tokens with
+vLLM's block arithmetic: its error differs from the token error only where the block rounding
+of hybrid groups does.
 
 Held-out split: the calibration constants in exporter/model/kv_cache.py were fitted on the runs
 that have a memory breakdown (kv-memory-breakdown.csv); observation rows for setups absent from
