@@ -1,0 +1,125 @@
+"""What a vLLM server's command line says about its setup (tensor parallelism, max_num_seqs, model).
+
+Why: `/metrics` does not tell TP, PP or the model id behind a served name, but a pod spec does:
+the container's `command` + `args` are the `vllm serve` argv. Discovery reads them as hints, so
+the calculator works from the configured setup instead of guessing. Pure (no I/O).
+
+Accepted forms, as vLLM's argument parser accepts them: `--flag value`, `--flag=value`,
+underscores for dashes (`--max_num_seqs`), short aliases (`-tp`, `-pp`, `-dp`, `-q`), the model
+as `--model X` or as the positional of `vllm serve X`, and a shell wrapper
+(`sh -c "vllm serve X --tp 2"`), whose script is split with shell rules.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Sequence
+
+# flag (dashes, no leading --) -> hint key; value type
+_VALUE_FLAGS: dict[str, tuple[str, type]] = {
+    "model": ("model", str),
+    "tensor-parallel-size": ("tp", int),
+    "pipeline-parallel-size": ("pp", int),
+    "data-parallel-size": ("dp", int),
+    "max-num-seqs": ("max_num_seqs", int),
+    "max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "max-model-len": ("max_model_len", str),   # vLLM accepts `32k` too; kept as written
+    "gpu-memory-utilization": ("gpu_memory_utilization", float),
+    "quantization": ("quantization", str),
+    "kv-cache-dtype": ("kv_cache_dtype", str),
+    "dtype": ("dtype", str),
+    "block-size": ("block_size", int),
+    "port": ("port", int),
+}
+_SHORT = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
+          "q": "quantization"}
+_BOOL_FLAGS = {"enable-prefix-caching": ("enable_prefix_caching", True),
+               "no-enable-prefix-caching": ("enable_prefix_caching", False),
+               "enforce-eager": ("enforce_eager", True)}
+# Common flags that take a value but give no hint: their value must not be read as the model.
+_OTHER_VALUE_FLAGS = frozenset((
+    "host", "api-key", "download-dir", "chat-template", "tokenizer", "revision", "seed",
+    "uvicorn-log-level", "load-format", "swap-space", "tool-call-parser", "config",
+    "distributed-executor-backend", "speculative-config", "limit-mm-per-prompt", "lora-modules",
+    "max-loras", "max-lora-rank", "root-path", "tokenizer-mode", "hf-overrides", "cpu-offload-gb",
+    "compilation-config", "override-generation-config", "generation-config", "reasoning-parser",
+))
+
+
+def _expand_shell(argv: Sequence[str]) -> list[str]:
+    """`sh -c "vllm serve ..."` -> the split script; anything else unchanged."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i > 0 and argv[i - 1] == "-c" and "vllm" in arg and " " in arg:
+            try:
+                # a script may chain commands; the vLLM part is what follows the last `&&`/`;`
+                words = shlex.split(arg, comments=True)
+            except ValueError:
+                words = arg.split()
+            start = 0
+            for j, w in enumerate(words):
+                if w in ("&&", ";", "||", "exec"):
+                    start = j + 1
+            out.extend(words[start:])
+        else:
+            out.append(arg)
+    return out
+
+
+def parse_vllm_args(argv: Sequence[str]) -> dict[str, object]:
+    """Hints from a vLLM argv (command + args). Unknown flags are ignored; a value that does not
+    convert is left out rather than guessed. `served_model_name` is the first name given."""
+    words = _expand_shell(list(argv))
+    hints: dict[str, object] = {}
+    positional: list[str] = []
+    saw_serve = False
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word == "serve" and not saw_serve:
+            saw_serve = True
+            positional.clear()
+            continue
+        if not word.startswith("-") or word == "-":
+            positional.append(word)
+            continue
+        name, eq, inline = word.lstrip("-").partition("=")
+        name = name.replace("_", "-")
+        if word.startswith("-") and not word.startswith("--"):
+            name = _SHORT.get(name, name)
+        if name in _BOOL_FLAGS:
+            key, value = _BOOL_FLAGS[name]
+            hints[key] = value
+            continue
+        if name == "served-model-name":
+            if eq:
+                hints["served_model_name"] = inline
+            elif i < len(words) and not words[i].startswith("-"):
+                hints["served_model_name"] = words[i]
+                i += 1
+                while i < len(words) and not words[i].startswith("-"):   # nargs="+"
+                    i += 1
+            continue
+        spec = _VALUE_FLAGS.get(name)
+        if spec is None:
+            # Skip the value of a known value flag. An unknown flag is taken as boolean unless
+            # the model is already known (`vllm serve MODEL --flag value`).
+            takes_value = name in _OTHER_VALUE_FLAGS or bool(positional and saw_serve)
+            if not eq and takes_value and i < len(words) and not words[i].startswith("-"):
+                i += 1
+            continue
+        if eq:
+            raw = inline
+        elif i < len(words):
+            raw = words[i]
+            i += 1
+        else:
+            continue
+        key, conv = spec
+        try:
+            hints[key] = conv(raw)
+        except ValueError:
+            continue
+    if "model" not in hints and saw_serve and positional:
+        hints["model"] = positional[0]
+    return hints
