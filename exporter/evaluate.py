@@ -32,13 +32,14 @@ log = structlog.get_logger("vllm_drift")
 
 class Evaluator:
     def __init__(self, cfg: Config, *, raise_after: int = 2, clear_after: int = 2,
-                 one_shot: bool = False) -> None:
+                 one_shot: bool = False, previous: "Evaluator | None" = None) -> None:
         self.cfg = cfg
         self.one_shot = one_shot
         if one_shot:
             raise_after = clear_after = 1
         self.raise_after, self.clear_after = raise_after, clear_after
-        self.trackers: dict[str, Tracker] = {}
+        # stable state survives a config reload (`previous`: the Evaluator being replaced)
+        self.trackers: dict[str, Tracker] = previous.trackers if previous is not None else {}
 
     # ------------------------------------------------------------------ state
     @staticmethod

@@ -36,7 +36,7 @@ class StateStore:
         self.clock = clock
         self.last_save: float | None = None
 
-    def _error(self, operation: str, message: str) -> None:
+    def error(self, operation: str, message: str) -> None:
         self.errors[operation] = self.errors.get(operation, 0.0) + 1.0
         log.error("state file problem", operation=operation, path=str(self.path), error=message)
 
@@ -47,26 +47,26 @@ class StateStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            self._error("load", f"cannot read: {exc.strerror or exc}")
+            self.error("load", f"cannot read: {exc.strerror or exc}")
             return None
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            self._error("load", f"not valid JSON: {exc}")
+            self.error("load", f"not valid JSON: {exc}")
             self.set_aside()
             return None
         if not isinstance(doc, dict) or doc.get("format") != "vllm-drift-state":
-            self._error("load", "not a vllm-drift state file")
+            self.error("load", "not a vllm-drift state file")
             self.set_aside()
             return None
         if doc.get("version") != STATE_VERSION:
-            self._error("load", f"state format version {doc.get('version')!r}, this build reads "
+            self.error("load", f"state format version {doc.get('version')!r}, this build reads "
                                 f"{STATE_VERSION}")
             self.set_aside()
             return None
         payload = doc.get("state")
         if not isinstance(payload, dict):
-            self._error("load", "state file has no state object")
+            self.error("load", "state file has no state object")
             self.set_aside()
             return None
         log.info("state loaded", path=str(self.path), saved_at=doc.get("saved_at"))
@@ -77,7 +77,7 @@ class StateStore:
         try:
             os.replace(self.path, dest)
         except OSError as exc:
-            self._error("set_aside", f"cannot rename to {dest.name}: {exc.strerror or exc}")
+            self.error("set_aside", f"cannot rename to {dest.name}: {exc.strerror or exc}")
             return None
         log.warning("state file set aside", path=str(dest))
         return dest
@@ -89,7 +89,7 @@ class StateStore:
         try:
             data = json.dumps(doc, separators=(",", ":")).encode()  # +Inf bucket bounds: Infinity
         except (TypeError, ValueError) as exc:
-            self._error("save", f"cannot encode state: {exc}")
+            self.error("save", f"cannot encode state: {exc}")
             return False
         tmp = None
         try:
@@ -110,7 +110,7 @@ class StateStore:
             except OSError:
                 pass  # some filesystems cannot fsync a directory; the rename is still atomic
         except OSError as exc:
-            self._error("save", f"cannot write: {exc.strerror or exc}")
+            self.error("save", f"cannot write: {exc.strerror or exc}")
             return False
         finally:
             if tmp is not None:
