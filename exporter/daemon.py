@@ -21,6 +21,8 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from exporter.config import Config, TargetSpec, build_config
+from exporter.drift.state import StateStore
+from exporter.drift.window_state import window_from_dict, window_to_dict
 from exporter.discovery import Discovery, build_discovery
 from exporter.errors import InputError, ParseError
 from exporter.evaluate import Evaluator
@@ -74,6 +76,8 @@ class Daemon:
         self.discovery: Discovery = build_discovery(cfg, on_error=self._discovery_error)
         self.scraper = self._make_scraper(cfg)
         self.evaluator = Evaluator(cfg)
+        self.state_store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
+        self._restored_windows: dict[tuple[str, str], dict] = {}
         self.targets: dict[str, TargetState] = {}
         self.exposition = Exposition()
         self.published = Published(self.exposition.render)
@@ -162,7 +166,7 @@ class Daemon:
             seen.add(snap.model_name)
             win = st.windows.get(snap.model_name)
             if win is None:
-                win = st.windows[snap.model_name] = Window(window_s)
+                win = st.windows[snap.model_name] = self._new_window(url, snap.model_name, window_s)
             win.observe(snap)
             st.latest[snap.model_name] = snap
         for gone in set(st.latest) - seen:
@@ -192,6 +196,7 @@ class Daemon:
         self.last_evaluation = time.time()
         self.evaluation_duration = time.perf_counter() - start
         self.ready = True
+        self.save_state()
         self.publish()
 
     # ----------------------------------------------------------------- publish
@@ -216,7 +221,7 @@ class Daemon:
                             "hints": st.spec.model_dump(exclude={"url", "source"}, exclude_none=True)})
         view = FleetView(tuple(views), self.last_evaluation, self.evaluation_duration, self.reload_failures,
                          self.reloads, self.config_loaded_at, dict(self.discovery_errors), self.cycle_duration,
-                         self.cycles, {}, self.ready)
+                         self.cycles, self._state_errors(), self.ready)
         self.exposition.publish(view)
         self.published.findings = json.dumps({"generated_at": time.time(), "targets": findings}).encode()
         self.published.targets = json.dumps({"targets": targets}).encode()
@@ -237,7 +242,9 @@ class Daemon:
         self.reloads += 1
         self.discovery.close()
         self.discovery = build_discovery(new, on_error=self._discovery_error)
-        self.evaluator = Evaluator(new)
+        self.evaluator = Evaluator(new, previous=self.evaluator)
+        if new.state_dir != old.state_dir:
+            self.state_store = StateStore(new.state_dir) if new.state_dir else None
         if new.scrape != old.scrape:
             old_scraper, self.scraper = self.scraper, self._make_scraper(new)
             asyncio.get_running_loop().create_task(old_scraper.aclose())
@@ -281,6 +288,7 @@ class Daemon:
         log.info("listening", address=self.cfg.listen, port=self.http.port, targets=len(self.discovery.targets()))
         if on_listen:
             on_listen(self.http.port)
+        self.load_state()
         self.publish()
         loop = self.loop
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -336,8 +344,53 @@ class Daemon:
         pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=grace)
+        self.save_state(force=True)
         await self.scraper.aclose()
         self.discovery.close()
         if self.http is not None:
             self.http.stop()
         log.info("stopped")
+
+    # ----------------------------------------------------------------- state (exporter.drift.state)
+    STATE_SAVE_MIN_INTERVAL = 30.0   # seconds between routine saves (shutdown always saves)
+
+    def load_state(self) -> None:
+        """Restore the stable findings and windows saved by a previous run (never fatal)."""
+        if self.state_store is None:
+            return
+        doc = self.state_store.load()
+        if not doc:
+            return
+        try:
+            n = self.evaluator.restore(doc.get("evaluator") or {})
+            for key, wd in (doc.get("windows") or {}).items():
+                url, _, model = key.partition("|")
+                self._restored_windows[(url, model)] = wd
+            log.info("state restored", findings_trackers=n, windows=len(self._restored_windows))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            self.state_store.error("load", f"unusable state: {exc}")
+            self.state_store.set_aside()
+            self._restored_windows.clear()
+
+    def save_state(self, force: bool = False) -> None:
+        store = self.state_store
+        if store is None:
+            return
+        if not force and store.last_save is not None and time.time() - store.last_save < self.STATE_SAVE_MIN_INTERVAL:
+            return
+        windows = {f"{url}|{model}": window_to_dict(win)
+                   for url, st in self.targets.items() for model, win in st.windows.items()}
+        store.save({"evaluator": self.evaluator.to_dict(), "windows": windows})
+
+    def _new_window(self, url: str, model: str, window_s: float) -> Window:
+        saved = self._restored_windows.pop((url, model), None)
+        if saved is not None:
+            try:
+                return window_from_dict(saved, window_s)
+            except (TypeError, ValueError, KeyError) as exc:
+                if self.state_store is not None:
+                    self.state_store.error("load", f"window of {url} {model}: {exc}")
+        return Window(window_s)
+
+    def _state_errors(self) -> dict[str, float]:
+        return dict(self.state_store.errors) if self.state_store is not None else {}
