@@ -1,0 +1,120 @@
+"""Build a tiny random-weight Llama model directory that vLLM can serve without a model hub.
+
+Why: this machine reaches no model hub, yet we want captures of a *real* vLLM engine (scheduler,
+paged KV cache, preemption, prefix caching, n-gram speculation, metrics). Random weights make the
+generated text noise, but every engine mechanism is exercised for real. Everything is seeded so the
+same command produces the same model and tokenizer every time.
+
+Usage: python build_model.py OUT_DIR [--layers 2 --hidden 128 --heads 4 --kv-heads 2
+       --vocab 4096 --max-pos 4096 --seed 0]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+SYLLABLES = [
+    "ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "pe", "sa", "do", "fu", "gi", "ho", "ja",
+    "ke", "li", "mo", "nu", "pa", "qui", "re", "so", "tu", "va", "we", "xi", "yo", "ze", "bra",
+    "cle", "dri", "flo", "gru", "pla", "stre", "tho", "ung", "ver", "wix",
+]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def corpus(seed: int, lines: int = 20000) -> list[str]:
+    """Deterministic pseudo-language text: words from syllables, numbers and punctuation."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+    out = []
+    for _ in range(lines):
+        n = rng.randint(5, 30)
+        toks = []
+        for _ in range(n):
+            r = rng.random()
+            if r < 0.05:
+                toks.append(str(rng.randint(0, 9999)))
+            else:
+                toks.append(rng.choice(words))
+        out.append(" ".join(toks) + rng.choice([".", "!", "?", ",", ";"]))
+    return out
+
+
+def build_tokenizer(out: Path, vocab: int, seed: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(seed), trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "add_bos_token": False,
+        "model_max_length": 1_000_000,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}, indent=2) + "\n"
+    )
+
+
+def build_model(out: Path, a: argparse.Namespace) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(a.seed)
+    cfg = LlamaConfig(
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=a.hidden * 4,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads,
+        max_position_embeddings=a.max_pos,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(str(out), safe_serialization=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--max-pos", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(a.out_dir, a.vocab, a.seed)
+    build_model(a.out_dir, a)
+    print(f"model written to {a.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
