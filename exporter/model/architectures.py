@@ -181,6 +181,8 @@ class ModelArch:
 # ---- reading config.json ------------------------------------------------------------------
 
 _LM_KEYS = ("text_config", "language_config", "llm_config")
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "max_sequence_length", "max_seq_length", "seq_len")
 
 
 def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> Any:
@@ -300,10 +302,13 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model"), where))
     heads = int(_need(cfg, ("num_attention_heads", "n_head"), where))
     kv_heads = int(_opt(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
-    head_dim = int(_opt(cfg, "head_dim", default=hidden // heads))
+    head_dim = int(_opt(cfg, "head_dim", "kv_channels", default=hidden // heads))
     vocab = int(_need(cfg, ("vocab_size", "padded_vocab_size"), where))
-    max_pos = int(_need(cfg, ("max_position_embeddings", "n_positions", "seq_length",
-                              "max_sequence_length"), where))
+    # vLLM's derived max_model_len: the smallest of the length keys the config carries
+    lengths = [int(cfg[k]) for k in _LENGTH_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0]
+    if not lengths:
+        raise CatalogError(f"{where}: missing field 'max_position_embeddings' in config.json")
+    max_pos = min(lengths)
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
     if n_experts:
@@ -318,6 +323,8 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     else:
         moe_inter = 0
         inter = int(_need(cfg, ("intermediate_size", "n_inner", "ffn_hidden_size"), where))
+        if model_type == "qwen":  # Qwen v1 counts both gated branches in intermediate_size
+            inter //= 2
     # which layers are MoE
     moe_layers: tuple[int, ...] = ()
     if n_experts:
@@ -394,7 +401,9 @@ _QUANT_SUFFIXES = (  # longest first; (pattern at end of the stem, quantization)
     (r"-fp8[-_]dynamic$", "fp8"), (r"-fp8[-_]static$", "fp8"), (r"-gptq-int4$", "gptq"),
     (r"-gptq-int8$", "gptq-int8"), (r"-gptq$", "gptq"), (r"-awq$", "awq"), (r"-w4a16$", "w4a16"),
     (r"-w8a8$", "w8a8"), (r"-int8$", "w8a8"), (r"-int4$", "w4a16"), (r"-nvfp4$", "nvfp4"),
-    (r"-fp4$", "nvfp4"), (r"-mxfp4$", "mxfp4"), (r"-fp8$", "fp8"),
+    (r"-fp4$", "nvfp4"), (r"-mxfp4$", "mxfp4"), (r"-fp8$", "fp8"), (r"-fp8-kv$", "fp8"),
+    (r"-kv$", None), (r"-marlin$", None), (r"-bnb-4bit$", "w4a16"), (r"-4bit$", "w4a16"),
+    (r"-8bit$", "w8a16"),
 )
 
 
@@ -446,10 +455,17 @@ def resolve_model(name: str) -> ModelArch:
     if key in by_id:
         return _catalog_arch(by_id[key])
     stem, quant = _stem(key), None
-    for pattern, q in _QUANT_SUFFIXES:
-        if re.search(pattern, stem):
-            stem, quant = _stem(re.sub(pattern, "", stem)), q
-            break
+    stripped, quant_generic = True, False
+    while stripped:  # "-AWQ-INT4", "-FP8-dynamic", "-quantized.w8a8" ... in any order
+        stripped = False
+        for pattern, q in _QUANT_SUFFIXES:
+            if re.search(pattern, stem):
+                generic = pattern in (r"-int4$", r"-int8$", r"-4bit$", r"-8bit$")
+                stem = _stem(re.sub(pattern, "", stem))
+                quant = q if quant is None or (q and not generic and quant_generic) else quant
+                quant_generic = generic if quant == q else quant_generic
+                stripped = True
+                break
     if stem in by_stem:
         arch = _catalog_arch(by_stem[stem])
         if quant and arch.quantization != quant:
