@@ -185,11 +185,13 @@ def weights_bytes(setup: Setup, stage: int = 0) -> float:
     linear, experts, other = m.layer_params()
     q = setup.quantization
     qbytes = QUANT_BYTES_PER_PARAM.get(q) if q else None
-    if q == "mxfp4":  # gpt-oss: only the routed experts are MXFP4, their intermediate
-        # dimension padded per rank to a multiple of 256 for the MXFP4 MoE kernels
+    if q == "mxfp4":  # gpt-oss: only the routed experts are MXFP4; vLLM's MXFP4 MoE (Marlin
+        # layout) pads the per-rank intermediate size to 128 and the hidden size to 256
+        # (mxfp4.py create_weights; matches gpt-oss-20b's 7.01 GiB per rank at TP2)
         dense = linear - experts
         per_rank = m.moe_intermediate_size / tp
-        pad = math.ceil(per_rank / 256) * 256 / per_rank if per_rank else 1.0
+        pad = (math.ceil(per_rank / 128) * 128 / per_rank) if per_rank else 1.0
+        pad *= math.ceil(m.hidden_size / 256) * 256 / m.hidden_size
         linear_bytes = dense * native + experts * qbytes * pad
     elif qbytes is not None:
         linear_bytes = linear * qbytes
