@@ -176,6 +176,37 @@ class ShardConfig(_Strict):
         return self
 
 
+class PrometheusConfig(_Strict):
+    """Query mode: read the vLLM series from a Prometheus-compatible HTTP API (Prometheus, Thanos,
+    Mimir) that already scrapes the fleet, instead of scraping the targets."""
+
+    url: URL                                   # base URL of the query API (without /api/v1)
+    selector: str = '{job="vllm"}'             # PromQL matchers naming the vLLM targets' series
+    target_label: str = "instance"             # the label that tells targets apart
+    timeout: Duration = 10.0
+    concurrency: int = Field(default=8, ge=1, le=256)
+    backfill: bool = True                      # fill a new target's window from history at once
+    bearer_token_file: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)   # e.g. X-Scope-OrgID for Mimir
+
+    @field_validator("selector")
+    @classmethod
+    def _braced(cls, v: str) -> str:
+        v = v.strip()
+        if not (v.startswith("{") and v.endswith("}")):
+            raise ValueError(f"expected label matchers in braces such as {{job=\"vllm\"}}, got {v!r}")
+        return v
+
+
+class DCGMConfig(_Strict):
+    """GPU telemetry from NVIDIA DCGM exporters (or from Prometheus in query mode)."""
+
+    urls: list[URL] = Field(default_factory=list)   # DCGM exporter endpoints, e.g. http://node:9400
+    from_prometheus: bool = False                    # read DCGM_FI_* through `prometheus:`
+    selector: str = '{job="dcgm-exporter"}'          # when from_prometheus
+    interval: Duration = 60.0
+
+
 class WebConfig(_Strict):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -201,6 +232,8 @@ class Config(_Strict):
     file_sd_refresh: Duration = 30.0
     kubernetes: KubernetesConfig | None = None
     shard: ShardConfig = ShardConfig()
+    prometheus: PrometheusConfig | None = None
+    dcgm: DCGMConfig | None = None
     prices: dict[str, float] = Field(default_factory=dict)
     defaults: TargetSpec | None = None   # hints applied to every target lacking its own
     slo: SLO = SLO()
@@ -225,7 +258,7 @@ class Config(_Strict):
         return self
 
     def has_discovery(self) -> bool:
-        return bool(self.targets or self.file_sd or self.kubernetes)
+        return bool(self.targets or self.file_sd or self.kubernetes or self.prometheus)
 
 
 def _key_path(loc: tuple[Any, ...]) -> str:
