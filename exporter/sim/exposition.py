@@ -295,20 +295,21 @@ def cache_config_values(era: Era, *, block_size: int, num_gpu_blocks: int,
     v.update({
         "cpu_kvcache_space_bytes": "None", "cpu_offload_gb": "0.0", "kv_sharing_fast_prefill": "False",
         "mamba_cache_dtype": "auto", "mamba_page_size_padded": "None",
-        "mamba_ssm_cache_dtype": "auto", "prefix_caching_hash_algo": "sha256" if era.key != "0.10.1" else "builtin",
+        "mamba_ssm_cache_dtype": "float32" if era.key == "0.32" else "auto",
+        "prefix_caching_hash_algo": "sha256" if era.key != "0.10.1" else "builtin",
         "swap_space": "4.0", "swap_space_bytes": "4294967296.0",
         "kv_cache_memory_bytes": "None" if kv_cache_memory_bytes is None else str(kv_cache_memory_bytes),
-        # 0.32-era additions
+        # 0.32-era additions (values as a real 0.32.0 server shows them)
         "mamba_block_size": "None", "kv_offloading_size": "None", "kv_offloading_backend": "native",
         "mamba_cache_mode": "none", "user_specified_block_size": "False",
         "_block_size_resolved": "True", "kv_cache_dtype_skip_layers": "[]",
-        "hash_block_size": "None", "prefix_match_unit": str(block_size),
+        "hash_block_size": "None", "prefix_match_unit": "None",
         "kv_cache_size_tokens": str(num_gpu_blocks * block_size),
         "kv_cache_max_concurrency": repr(round(num_gpu_blocks * block_size / max(1, max_model_len), 2)),
-        "skip_page_size_padded": "False", "replayssm_buffer_len": "None", "use_replayssm": "False",
-        "kv_cache_layout": "None", "prefix_cache_retention_interval": "None",
+        "skip_page_size_padded": "None", "replayssm_buffer_len": "16", "use_replayssm": "False",
+        "kv_cache_layout": "None", "prefix_cache_retention_interval": "0",
         "use_kda_recoverssm": "False", "enable_mamba_shared_prefix_checkpoint": "False",
-        "effective_attention_block_size": str(block_size), "swa_bounded_replay": "False",
+        "effective_attention_block_size": str(block_size), "swa_bounded_replay": "True",
         "cache_hit_alignment_tokens": "None",
     })
     return v

@@ -81,7 +81,7 @@ _VLLM = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_
          "enable_prefix_caching", "kv_cache_dtype", "block_size", "num_gpu_blocks", "speculative"}
 _SPEC = {"num_speculative_tokens", "acceptance", "draft_cost"}
 _TRAFFIC = {"rate", "arrival", "burst_factor", "burst_fraction", "burst_period", "diurnal_period",
-            "diurnal_amplitude", "prompt", "output", "max_tokens", "shared_prefix"}
+            "diurnal_amplitude", "prompt", "output", "max_tokens", "shared_prefix", "concurrency"}
 _DIST = {"mean", "kind", "cv", "min", "max"}
 _PREFIX = {"tokens", "groups", "share"}
 _PHASE = {"at", "traffic"}
@@ -169,8 +169,8 @@ def _dist(r: _Reader, value: Any, path: str, base: LengthDist) -> LengthDist:
 def _traffic(r: _Reader, value: Any, path: str, base: Traffic | None) -> Traffic:
     m = r.mapping(value, path, _TRAFFIC)
     if base is None:
-        if "rate" not in m:
-            raise r.fail(f"{path}.rate", "missing (requests per second)")
+        if "rate" not in m and "concurrency" not in m:
+            raise r.fail(f"{path}.rate", "missing (requests per second, or `concurrency` clients)")
         base = Traffic(rate=0.0)
     prefix = r.mapping(m.get("shared_prefix"), f"{path}.shared_prefix", _PREFIX)
     t = replace(
@@ -192,6 +192,8 @@ def _traffic(r: _Reader, value: Any, path: str, base: Traffic | None) -> Traffic
                             integer=True, lo=1),
         prefix_share=r.num(prefix, "share", f"{path}.shared_prefix.share", base.prefix_share,
                            lo=0, hi=1),
+        concurrency=r.num(m, "concurrency", f"{path}.concurrency", base.concurrency, integer=True,
+                          lo=0, hi=100000),
     )
     if "burst_period" in m:
         t = replace(t, burst_period_s=_duration(r, m["burst_period"], f"{path}.burst_period") or 1.0)
