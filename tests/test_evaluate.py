@@ -1,0 +1,181 @@
+"""The Evaluator on the simulator's engine (in process: parse -> window -> evaluate, as the
+daemon does): scores and report fields, observed capacity used over the predicted one, counter
+resets, config-change events, windows surviving (de)serialisation, and scan on real captures."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from exporter.config import Config, EvaluationConfig, TargetSpec
+from exporter.drift.window_state import window_from_dict, window_to_dict
+from exporter.evaluate import Evaluator
+from exporter.parse import parse_vllm
+from exporter.scrape import Metadata
+from exporter.sim.scenario import build, load_scenario
+from exporter.window import Window
+
+URL = "http://127.0.0.1:1"
+
+
+class Feed:
+    """A simulated server scraped every `scrape_s` seconds of sim time into a window."""
+
+    def __init__(self, scenario, *, seed=1, window_s=60.0, gpu_hint=True, engine_hints=False, state=None,
+                 **flags):
+        sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
+        if flags:
+            sc = replace(sc, flags=replace(sc.flags, **flags))
+        self.sc = sc
+        self.state = state or build(sc, seed=seed)
+        extra = {}
+        if engine_hints:   # what the operator knows and vLLM does not export
+            extra = {"max_num_seqs": sc.flags.max_num_seqs, "max_num_batched_tokens": sc.flags.max_num_batched_tokens}
+        self.spec = TargetSpec(url=URL, gpu=sc.gpu if gpu_hint else None, tp=sc.tp, **extra)
+        name = self.state.model_name
+        self.meta = Metadata(vllm_version=self.state.version, served_models=(name,),
+                             max_model_len={name: self.state.max_model_len}, root={name: sc.model})
+        self.cfg = Config(evaluation=EvaluationConfig(interval=5, window=window_s))
+        self.ev = Evaluator(self.cfg)
+        self.window = Window(window_s)
+        self.t = 0.0
+        self.snap = None
+
+    def advance(self, seconds, scrape_s=2.0, eval_every=5.0):
+        reports = []
+        end = self.t + seconds
+        next_eval = self.t + eval_every
+        while self.t < end - 1e-9:
+            self.t = round(self.t + scrape_s, 6)
+            self.state.engine.advance_to(self.sc.warmup_s + self.t)
+            [self.snap] = parse_vllm(self.state.exposition(), target=URL, timestamp=1.7e9 + self.t)
+            self.window.observe(self.snap)
+            if self.t + 1e-9 >= next_eval:
+                next_eval += eval_every
+                reports.append(self.evaluate())
+        return reports
+
+    def evaluate(self):
+        return self.ev.evaluate(self.spec, self.snap.model_name, self.window, self.snap, self.meta, 1.7e9 + self.t)
+
+
+def loud(report):
+    return {f.finding for f in report.findings if f.severity in ("warning", "critical")}
+
+
+def test_healthy_scenario_is_quiet_and_fully_scored():
+    f = Feed("healthy", engine_hints=True)
+    reports = f.advance(90)
+    assert all(not loud(r) for r in reports)
+    last = reports[-1]
+    assert last.status == "ok"
+    assert last.kv_pressure_score == 0.0
+    assert 0.0 < last.idle_capacity_ratio < 0.85
+    assert last.predicted_kv_cache_tokens and last.observed_kv_cache_tokens_ratio == pytest.approx(1.0, abs=0.02)
+    assert last.misconfiguration["gpu_memory_utilization"] == 0.0
+    assert last.configured["max_model_len"] == 4096 and last.configured["enable_prefix_caching"] == 1.0
+    doc = last.to_json()
+    json.dumps(doc)
+    assert doc["findings"] == [x.to_json() for x in last.findings]
+
+
+def test_kv_pressure_scores_and_recommends_from_the_observed_pool():
+    f = Feed("kv-pressure")
+    last = f.advance(90)[-1]
+    assert "kv_pressure" in loud(last)
+    assert last.kv_pressure_score > 0.02
+    kv = next(x for x in last.findings if x.finding == "kv_pressure")
+    assert kv.since is not None and "preemptions/min" in kv.explanation
+    mns = [x for x in last.findings if x.finding == "max_num_seqs"]
+    assert mns and mns[0].recommended < 256 and mns[0].binding == "kv_cache"
+
+
+def test_observed_capacity_beats_the_prediction():
+    """A server that reports half the blocks the calculator predicts (another process on the
+    GPU, say): the ratio is exported and recommendations use the observed pool."""
+    full = Feed("kv-pressure", engine_hints=True)
+    blocks = full.state.resolved.config.num_gpu_blocks
+    half = Feed("kv-pressure", engine_hints=True, num_gpu_blocks=blocks // 2)
+    r_full, r_half = full.advance(90)[-1], half.advance(90)[-1]
+    assert r_half.observed_kv_cache_tokens_ratio == pytest.approx(0.5, abs=0.02)
+    assert r_half.predicted_kv_cache_tokens == r_full.predicted_kv_cache_tokens
+    rec_full = next(x.recommended for x in r_full.findings if x.finding == "max_num_seqs")
+    rec_half = next(x.recommended for x in r_half.findings if x.finding == "max_num_seqs")
+    assert rec_half < rec_full
+
+
+def test_unknown_gpu_is_named_with_the_way_to_give_it():
+    f = Feed("healthy", gpu_hint=False)
+    last = f.advance(60)[-1]
+    assert last.predicted_kv_cache_tokens is None
+    u = [x for x in last.findings if x.finding == "unavailable" and x.binding == "tier_misplacement"]
+    assert u and "targets[].gpu" in u[0].explanation and "file_sd" in u[0].explanation
+
+
+def test_short_window_is_insufficient_data_and_reset_restarts_it():
+    f = Feed("kv-pressure")
+    first = f.advance(10)
+    assert all(r.status == "insufficient_data" for r in first)
+    assert first[-1].findings[0].finding == "insufficient_data"
+    reports = f.advance(80)
+    assert "kv_pressure" in loud(reports[-1])
+    # the server restarts: counters start again from zero, a fresh window
+    f.state = build(f.sc, seed=7, start_time=1.7e9 + f.t)
+    f.sc = replace(f.sc, warmup_s=f.sc.warmup_s - f.t)
+    after = f.advance(10)
+    assert after[-1].status == "insufficient_data"
+    assert "kv_pressure" in loud(after[-1])          # held while the new window fills
+    assert f.window.resets == 1
+
+
+def test_config_change_is_recorded():
+    f = Feed("healthy")
+    f.advance(30)
+    other = Feed("healthy", gpu_memory_utilization=0.85)
+    [snap] = parse_vllm(other.state.exposition(), target=URL, timestamp=1.7e9 + f.t + 1)
+    f.window.observe(snap)
+    f.snap = snap
+    f.t += 1
+    report = f.evaluate()
+    assert any(n.startswith("config change") and "gpu_memory_utilization 0.9 -> 0.85" in n for n in report.notes)
+    assert f.ev.trackers[Evaluator.key(URL, snap.model_name)].events[-1]["kind"] == "config_change"
+
+
+def test_window_survives_serialisation():
+    f = Feed("kv-pressure")
+    f.advance(60)
+    doc = json.loads(json.dumps(window_to_dict(f.window)))
+    w2 = window_from_dict(doc)
+    a, b = f.window.summary(1.7e9 + f.t), w2.summary(1.7e9 + f.t)
+    for key in ("prompt_tokens_per_s", "generation_tokens_per_s", "preemptions_per_s", "requests_per_s",
+                "kv_usage_max", "running_max", "duration_s"):
+        assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-9), key
+    assert b.ttft == a.ttft and b.prompt_len == a.prompt_len
+    assert b.kv_usage_mean == pytest.approx(a.kv_usage_mean, abs=0.05)
+
+
+def test_evaluator_state_restores_active_findings():
+    f = Feed("kv-pressure")
+    f.advance(90)
+    saved = json.loads(json.dumps(f.ev.to_dict()))
+    ev2 = Evaluator(f.cfg)
+    assert ev2.restore(saved) == 1
+    before = {x.finding: x.since for x in f.evaluate().findings if x.severity != "info"}
+    after = {x.finding: x.since for x in ev2.evaluate(f.spec, f.snap.model_name, f.window, f.snap, f.meta,
+                                                       1.7e9 + f.t).findings if x.severity != "info"}
+    assert after == before and "kv_pressure" in after
+
+
+def test_scan_pair_on_real_captures_reports_a_status(shared, tmp_path):
+    """scan --json on a real capture pair carries the same finding objects as the daemon."""
+    cap = shared("fixtures", "prom", "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom")
+    out = subprocess.run([sys.executable, "-m", "exporter", "scan", "--json", str(cap), "--after", str(cap),
+                          "--interval", "30"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    t = json.loads(out.stdout)["targets"][0]
+    # the same file twice: no requests in between, so settings are not judged
+    assert t["status"] == "insufficient_data"
+    assert {"finding", "severity", "score", "parameter", "configured", "recommended", "explanation"} <= set(t["findings"][0])
