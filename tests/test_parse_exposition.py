@@ -225,3 +225,16 @@ def test_malformed_lines_in_skipped_families_are_not_read():
         list(text_string_to_metric_families(text))
     fams = parse_exposition(text)
     assert [(f.name, f.samples[0].value) for f in fams] == [("vllm:a", 1)]
+
+
+def test_caches_are_bounded_and_full_caches_do_not_change_results():
+    path = captures()[0]
+    text = path.read_text(encoding="utf-8")
+    model = next(line.split('model_name="')[1].split('"')[0] for line in text.splitlines()
+                 if 'model_name="' in line)
+    reader = Reader(("vllm:",), max_heads=300, max_labelsets=200, refresh_every=25)
+    for i in range(60):
+        variant = text.replace(model, f"model-{i}")
+        assert normalise(reader.parse(variant)) == normalise(stock(variant, ("vllm:",)))
+        sizes = reader.cache_sizes()
+        assert sizes["heads"] <= 300 and sizes["labelsets"] <= 200 and sizes["comments"] <= 200

@@ -11,9 +11,13 @@ proves it), but
 * a sample line in the canonical form `name{a="b",...} value [timestamp]` takes a regular
   expression fast path; anything unusual (spaces around `=`, quoted names, leading commas,
   exemplars, ...) falls back to a slow path that follows prometheus_client's own rules;
-* the `name{labels}` head of each sample line is cached (bounded) per `Reader`: a daemon reads the
-  same series from the same target every cycle, so on the second scrape a line costs a dict
-  lookup plus `float()`. Cached label dicts are shared between results: treat them as read-only.
+* the `name{labels}` head of each sample line and each label set are cached (bounded) per
+  `Reader`: a daemon reads the same series from the same target every cycle, so on the second
+  scrape a line costs a dict lookup plus `float()`. Cached label dicts are shared between
+  results: treat them as read-only.
+* bytes or str: bytes are decoded once (about 2 us for a 50 KB payload) and parsed as str;
+  label values must end up as str anyway, and str keys make the caches one lookup per line
+  (`benchmarks/parse_speed.py` shows both inputs).
 
 Errors: a malformed line in a selected family fails the whole payload with `ParseError` naming
 the line number and an excerpt, as prometheus_client does. Skipping bad lines would silently
@@ -270,24 +274,38 @@ _IGNORE = ()  # a comment line that changes nothing
 class Reader:
     """Parses payloads for one set of wanted family-name prefixes, with bounded caches.
 
-    Caches (each at most `max_cache` entries, cleared when full): sample heads
-    `name{labels}` -> (name, labels), label-set texts -> labels, and HELP/TYPE lines -> their
-    meaning. They are keyed by text, so one Reader serves every target of a process.
+    Caches, keyed by text so one Reader serves every target of a process: sample heads
+    `name{labels}` -> (name, labels) (at most `max_heads`, about 450 bytes each), label-set
+    texts -> labels (`max_labelsets`, about 400 bytes each), metric names and HELP/TYPE lines.
+    A full cache stops taking new entries (no thrashing when a fleet's series outnumber it:
+    the label-set cache still serves the rest), and every `refresh_every` calls all caches are
+    emptied so series of departed targets do not stay forever.
     """
 
-    __slots__ = ("prefixes", "max_cache", "_heads", "_labelsets", "_comments")
+    __slots__ = ("prefixes", "max_heads", "max_labelsets", "refresh_every", "_calls", "_heads",
+                 "_labelsets", "_names", "_comments")
 
-    def __init__(self, prefixes: Iterable[str] | None = ("vllm:",), max_cache: int = 100_000):
+    def __init__(self, prefixes: Iterable[str] | None = ("vllm:",), *, max_heads: int = 50_000,
+                 max_labelsets: int = 50_000, refresh_every: int = 200_000):
         self.prefixes: tuple[str, ...] | None = tuple(prefixes) if prefixes is not None else None
-        self.max_cache = max_cache
+        self.max_heads = max_heads
+        self.max_labelsets = max_labelsets
+        self.refresh_every = refresh_every
+        self._calls = 0
         self._heads: dict[str, tuple[str, dict[str, str]]] = {}
         self._labelsets: dict[str, dict[str, str] | None] = {}
+        self._names: set[str] = set()
         self._comments: dict[str, tuple] = {}
 
     def clear_cache(self) -> None:
         self._heads.clear()
         self._labelsets.clear()
+        self._names.clear()
         self._comments.clear()
+
+    def cache_sizes(self) -> dict[str, int]:
+        return {"heads": len(self._heads), "labelsets": len(self._labelsets),
+                "names": len(self._names), "comments": len(self._comments)}
 
     def _wanted(self, name: str) -> bool:
         return self.prefixes is None or name.startswith(self.prefixes)
@@ -295,9 +313,10 @@ class Reader:
     def parse(self, payload: str | bytes | bytearray | memoryview) -> list[Family]:
         """Families (in exposition order) whose name starts with one of the prefixes."""
         text = decode_payload(payload)
-        for cache in (self._heads, self._labelsets, self._comments):
-            if len(cache) > self.max_cache:
-                cache.clear()
+        self._calls += 1
+        if self._calls >= self.refresh_every:
+            self._calls = 0
+            self.clear_cache()
         return self._parse(text)
 
     def _comment(self, line: str) -> tuple:
@@ -404,7 +423,9 @@ class Reader:
                 # ---- a comment line
                 c = comments.get(line)
                 if c is None:
-                    c = comments[line] = self._comment(line)
+                    c = self._comment(line)
+                    if len(comments) < self.max_labelsets:
+                        comments[line] = c
                 if c is _IGNORE:
                     continue
                 kind, candidate, doc, wanted, c_allowed, c_brace, c_blank = c
@@ -448,9 +469,16 @@ class Reader:
         strict form; else prometheus_client's rules (slow path)."""
         j = line.find("{")
         i = line.rfind("}")
-        if 0 < j < i and _LEGACY_NAME_FULL.match(sname := line[:j]):
+        if 0 < j < i:
+            sname = line[:j]
+            if sname not in self._names:
+                if not _LEGACY_NAME_FULL.match(sname):
+                    return _parse_sample_slow(line)
+                if len(self._names) < self.max_labelsets:
+                    self._names.add(sname)
             inner = line[j + 1:i]
-            labels = self._labelsets.get(inner, _IGNORE)
+            labelsets = self._labelsets
+            labels = labelsets.get(inner, _IGNORE)
             if labels is _IGNORE:
                 labels = None
                 if _LABELS_FULL.match(inner):
@@ -458,10 +486,16 @@ class Reader:
                     labels = {k: _unescape(v) for k, v in pairs}
                     if len(labels) != len(pairs):
                         labels = None  # duplicate label: the slow path reports it
-                self._labelsets[inner] = labels
+                if len(labelsets) < self.max_labelsets:
+                    labelsets[inner] = labels
             if labels is not None:
-                value, ts = _value_and_timestamp(line[i + 1:])
-                self._heads[line[:i + 1]] = (sname, labels)
+                r = line[i + 1:].lstrip()
+                if r and " " not in r and "\t" not in r and "_" not in r and not r.lstrip("+-").isdecimal():
+                    value, ts = float(r), None
+                else:
+                    value, ts = _value_and_timestamp(r)
+                if len(self._heads) < self.max_heads:
+                    self._heads[line[:i + 1]] = (sname, labels)
                 return _new_sample(Sample, (sname, labels, value, ts))
         return _parse_sample_slow(line)
 
