@@ -134,7 +134,7 @@ def canonicalise(families: Iterable[Family], *, target: str, timestamp: float) -
                     has_engine_label = True
             continue
         last_model = None
-        acc = _Acc()
+        acc: _Acc = None  # type: ignore[assignment]  # set on the first sample
         for name, labels, value, _ts in samples:
             hit = parts.get(name)
             if hit is None:
