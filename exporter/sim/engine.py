@@ -160,6 +160,7 @@ HISTOGRAM_KEYS = (
     "ttft", "itl", "tpot", "e2e", "queue", "inference", "prefill", "decode",
     "prompt_tokens", "generation_tokens", "max_num_generation_tokens", "params_n",
     "params_max_tokens", "prefill_kv_computed", "iteration_tokens", "num_preemptions",
+    "http_highr", "http_few",
 )
 
 
@@ -174,7 +175,7 @@ class Metrics:
             "preemptions": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "prefix_queries": 0, "prefix_hits": 0, "prompt_tokens_cached": 0,
             "prompt_tokens_computed": 0, "spec_drafts": 0, "spec_draft_tokens": 0,
-            "spec_accepted": 0, "steps": 0,
+            "spec_accepted": 0, "steps": 0, "http_request_bytes": 0, "http_response_bytes": 0,
         }
         self.finished = {r: 0 for r in FINISHED_REASONS}
         self.spec_accepted_per_pos = [0] * spec_tokens
@@ -550,6 +551,12 @@ class Engine:
         h["params_max_tokens"].observe(req.max_tokens)
         h["prefill_kv_computed"].observe(req.prompt_len - max(0, req.cached_first))
         h["num_preemptions"].observe(req.preemptions)
+        # the API server's HTTP instrumentation (a non-streaming /v1/completions call; body sizes
+        # per token as a real 0.32 server showed them)
+        h["http_highr"].observe(t - req.arrival)
+        h["http_few"].observe(t - req.arrival)
+        m.counters["http_request_bytes"] += 150 + int(4.6 * req.prompt_len)
+        m.counters["http_response_bytes"] += 300 + int(6.5 * req.outputs)
 
     # ---- driving ---------------------------------------------------------------------------
     def advance_to(self, t_target: float, max_steps: int = 1_000_000) -> int:

@@ -24,6 +24,10 @@ LAT = LAT_OLD + (120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITER = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)   # 0.8.5+
 PARAMS_N = (1, 2, 5, 10, 20)
 NUM_PREEMPT = (1, 2, 3, 4, 5, 10, 20)
+# prometheus_fastapi_instrumentator (vLLM 0.8.3+ API server), as the real captures show them
+HTTP_HIGHR = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0,
+              4.5, 5.0, 7.5, 10.0, 30.0, 60.0)
+HTTP_FEW = (0.1, 0.5, 1.0)
 
 
 def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
@@ -59,7 +63,7 @@ def bounds_for(era: "Era", max_model_len: int, max_num_seqs: int) -> dict[str, t
             "prefill": lat, "decode": lat, "prompt_tokens": tokens, "generation_tokens": tokens,
             "max_num_generation_tokens": tokens, "params_max_tokens": tokens,
             "prefill_kv_computed": tokens, "params_n": PARAMS_N, "iteration_tokens": it,
-            "num_preemptions": NUM_PREEMPT}
+            "num_preemptions": NUM_PREEMPT, "http_highr": HTTP_HIGHR, "http_few": HTTP_FEW}
 
 
 # ---- families -------------------------------------------------------------------------------

@@ -112,6 +112,8 @@ class Renderer:
             blocks.extend(self._compile(fam, cache_config))
         self._blocks = tuple(blocks)
         self._python_process = era.python_process
+        self._http = era.python_process and era.v1     # single-process V1 API server
+        self._http_created = [fmt(start_time + 0.5 + 1e-5 * i) for i in range(5)]
 
     # ---- compilation -------------------------------------------------------------------------
     def _pairs(self, fam: Family, extra: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
@@ -231,7 +233,77 @@ class Renderer:
             for v, piece in zip(b.values(m), pieces[1:]):
                 append(v if isinstance(v, str) else fmt(v))
                 append(piece)
+        if self._http:
+            append(self._http_text(m))
         return "".join(out)
+
+    def _http_text(self, m: Metrics) -> str:
+        """prometheus_fastapi_instrumentator's families: labelled series exist once a request
+        was served; before that only their HELP/TYPE lines (as on a real idle server)."""
+        n = m.hist["http_highr"].count
+        c = self._http_created
+        out = [_HTTP_HEAD["requests"]]
+        if n:
+            out.append(f'http_requests_total{{handler="/v1/completions",method="POST",status="2xx"}} {fmt(n)}\n'
+                       + _HTTP_HEAD["requests_created"]
+                       + f'http_requests_created{{handler="/v1/completions",method="POST",status="2xx"}} {c[0]}\n')
+        for key, total, ci in (("request_size", "http_request_bytes", 1),
+                               ("response_size", "http_response_bytes", 2)):
+            name = f"http_{key}_bytes"
+            out.append(_HTTP_HEAD[key])
+            if n:
+                out.append(f'{name}_count{{handler="/v1/completions"}} {fmt(n)}\n'
+                           f'{name}_sum{{handler="/v1/completions"}} {fmt(m.counters[total])}\n'
+                           + _HTTP_HEAD[key + "_created"]
+                           + f'{name}_created{{handler="/v1/completions"}} {c[ci]}\n')
+        h = m.hist["http_highr"]
+        out.append(_HTTP_HEAD["highr"])
+        for b, v in zip(self.bounds["http_highr"], h.cumulative()):
+            out.append(f'http_request_duration_highr_seconds_bucket{{le="{fmt(b)}"}} {fmt(v)}\n')
+        out.append(f'http_request_duration_highr_seconds_bucket{{le="+Inf"}} {fmt(h.count)}\n'
+                   f"http_request_duration_highr_seconds_count {fmt(h.count)}\n"
+                   f"http_request_duration_highr_seconds_sum {fmt(h.sum)}\n"
+                   + _HTTP_HEAD["highr_created"]
+                   + f"http_request_duration_highr_seconds_created {c[3]}\n")
+        out.append(_HTTP_HEAD["duration"])
+        if n:
+            h = m.hist["http_few"]
+            lab = 'handler="/v1/completions"'
+            for b, v in zip(self.bounds["http_few"], h.cumulative()):
+                out.append(f'http_request_duration_seconds_bucket{{{lab},le="{fmt(b)}",method="POST"}} {fmt(v)}\n')
+            out.append(f'http_request_duration_seconds_bucket{{{lab},le="+Inf",method="POST"}} {fmt(h.count)}\n'
+                       f'http_request_duration_seconds_count{{{lab},method="POST"}} {fmt(h.count)}\n'
+                       f'http_request_duration_seconds_sum{{{lab},method="POST"}} {fmt(h.sum)}\n'
+                       + _HTTP_HEAD["duration_created"]
+                       + f'http_request_duration_seconds_created{{{lab},method="POST"}} {c[4]}\n')
+        return "".join(out)
+
+
+def _help_type(name: str, text: str, kind: str) -> str:
+    return f"# HELP {name} {text}\n# TYPE {name} {kind}\n"
+
+
+_H_REQ = "Total number of requests by method, status and handler."
+_H_SIZE_IN = ("Content length of incoming requests by handler. Only value of header is respected. "
+              "Otherwise ignored. No percentile calculated. ")
+_H_SIZE_OUT = ("Content length of outgoing responses by handler. Only value of header is respected. "
+               "Otherwise ignored. No percentile calculated. ")
+_H_HIGHR = ("Latency with many buckets but no API specific labels. Made for more accurate "
+            "percentile calculations. ")
+_H_FEW = ("Latency with only few buckets by handler. Made to be only used if aggregation by "
+          "handler is important. ")
+_HTTP_HEAD = {
+    "requests": _help_type("http_requests_total", _H_REQ, "counter"),
+    "requests_created": _help_type("http_requests_created", _H_REQ, "gauge"),
+    "request_size": _help_type("http_request_size_bytes", _H_SIZE_IN, "summary"),
+    "request_size_created": _help_type("http_request_size_bytes_created", _H_SIZE_IN, "gauge"),
+    "response_size": _help_type("http_response_size_bytes", _H_SIZE_OUT, "summary"),
+    "response_size_created": _help_type("http_response_size_bytes_created", _H_SIZE_OUT, "gauge"),
+    "highr": _help_type("http_request_duration_highr_seconds", _H_HIGHR, "histogram"),
+    "highr_created": _help_type("http_request_duration_highr_seconds_created", _H_HIGHR, "gauge"),
+    "duration": _help_type("http_request_duration_seconds", _H_FEW, "histogram"),
+    "duration_created": _help_type("http_request_duration_seconds_created", _H_FEW, "gauge"),
+}
 
 
 def _python_process_text(start: float, now: float) -> str:
