@@ -217,3 +217,42 @@ def test_observed_latency_from_cumulative_then_from_window():
     assert obs["ttft_p50_s"] == pytest.approx(0.1 * 1.5 / 2)
     assert obs["prompt_tokens_per_s"] == pytest.approx(10.0)
     assert obs["window_samples"] == 2 and obs["counter_reset"] is False
+
+
+def spec_exposition(drafts: float, drafted: float, accepted: float, per_pos: tuple[float, ...],
+                    hits: float, queries: float) -> str:
+    lines = ["# TYPE vllm:spec_decode_num_drafts_total counter",
+             f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}',
+             "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+             f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {drafted}',
+             "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+             f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}',
+             "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}'
+              for i, v in enumerate(per_pos)]
+    lines += ["# TYPE vllm:prefix_cache_hits_total counter",
+              f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {hits}',
+              "# TYPE vllm:prefix_cache_queries_total counter",
+              f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {queries}']
+    return "\n".join(lines) + "\n"
+
+
+def test_spec_decode_and_prefix_cache_over_the_window():
+    w = Window(600)
+    (a,) = parse_vllm(spec_exposition(100, 300, 150, (80, 50, 20), 1000, 4000), target="t", timestamp=0.0)
+    (b,) = parse_vllm(spec_exposition(300, 900, 390, (230, 120, 40), 1600, 5000), target="t", timestamp=60.0)
+    w.observe(a)
+    w.observe(b)
+    o = w.summary(60.0)
+    # 200 drafts of 3 tokens = 600 drafted, 240 accepted (150 + 70 + 20 by position)
+    assert o.spec_decode_acceptance_rate == pytest.approx(240 / 600)
+    assert o.spec_decode_mean_acceptance_length == pytest.approx(1 + 240 / 200)
+    assert o.spec_decode_acceptance_per_pos == pytest.approx((150 / 200, 70 / 200, 20 / 200))
+    assert o.prefix_cache_hit_ratio == pytest.approx(600 / 1000)
+    obs = observed_signals(b, o)
+    assert obs["spec_decode_acceptance_rate"] == pytest.approx(0.4)
+    assert obs["prefix_cache_hit_ratio"] == pytest.approx(0.6)
+    # one snapshot only: lifetime ratios
+    alone = observed_signals(b)
+    assert alone["spec_decode_acceptance_rate"] == pytest.approx(390 / 900)
+    assert alone["prefix_cache_hit_ratio"] == pytest.approx(1600 / 5000)
