@@ -1,0 +1,279 @@
+"""The optimiser: engine flags for a traffic profile, and the cheapest GPU tier that meets the SLOs.
+
+Why explainable: the daemon turns each recommendation into a finding, and an operator only acts on
+"lower max_num_seqs to 96" if it says *why* ("KV capacity: 96 requests of this size fit"). Every
+recommended value therefore carries its binding constraint. Rules follow
+../shared/reference/perf-model.md section 7.3: max_num_seqs = min(TPOT-SLO batch, KV batch),
+rounded to a CUDA-graph capture size; replicas from the per-replica sustainable rate.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from exporter.errors import InputError
+from exporter.model.perf import Prediction, kv_slots, kv_tokens_for, predict
+from exporter.model.spec_decode import SpecConfig, gain
+from exporter.model.traffic import SLO, Traffic
+
+KV_MARGIN = 0.9          # keep 10% of the pool free: outputs longer than the mean preempt first
+LOAD_HEADROOM = 0.85     # run replicas at most at 85% of their SLO-feasible rate
+SPEC_MIN_GAIN = 1.05     # turn speculation on only for a clear win
+
+
+def capture_size_floor(n: float) -> int:
+    """Round down to a vLLM CUDA-graph capture size (1, 2, 4, 8, then steps of 8 to 256, then
+    steps of 16 to 512), so the running batch replays a graph instead of padding up."""
+    n = int(math.floor(n))
+    if n < 1:
+        return 1
+    if n < 8:
+        return 1 << (n.bit_length() - 1)
+    if n <= 256:
+        return n // 8 * 8
+    if n <= 512:
+        return n // 16 * 16
+    return n
+
+
+def round_model_len(tokens: float) -> int:
+    """p99 prompt + output rounded up: to 256 below 4k, to 1024 above (block-aligned, readable)."""
+    step = 256 if tokens <= 4096 else 1024
+    return int(math.ceil(tokens / step) * step)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_batched_tokens: int
+    speculative_decoding: bool
+    binding: Mapping[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"max_num_seqs": self.max_num_seqs,
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "max_model_len": self.max_model_len,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "speculative_decoding": self.speculative_decoding,
+                "binding": dict(self.binding)}
+
+
+def _ctx(traffic: Traffic) -> float:
+    return traffic.prompt_tokens_mean + traffic.output_tokens_mean / 2.0
+
+
+def tpot_batch_limit(setup: Any, traffic: Traffic, tpot_slo: float, upper: int) -> int:
+    """Largest closed-loop batch whose predicted TPOT meets the SLO (0 if even 1 does not).
+
+    TPOT here is the mean; the p99 SLO is met with the mean kept under it, since decode steps of
+    a fixed mix vary little (the spread comes from prefill chunks, which the mean includes)."""
+    def ok(b: int) -> bool:
+        return predict(setup, traffic, concurrency=b).tpot_s <= tpot_slo
+    if not ok(1):
+        return 0
+    if ok(upper):
+        return upper
+    lo, hi = 1, upper
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
+              spec: SpecConfig | None = None) -> Recommendation:
+    """Engine flags for `setup` serving `traffic` under `slo`, each with its binding constraint."""
+    slo = slo or SLO()
+    binding: dict[str, str] = {}
+    m = setup.model
+    # max_model_len: the longest request the traffic sends, not the model's maximum
+    need = traffic.prompt_p99 + traffic.output_p99
+    mml = round_model_len(need)
+    if mml >= m.max_position_embeddings:
+        mml = m.max_position_embeddings
+        binding["max_model_len"] = f"model maximum context ({m.max_position_embeddings})"
+    else:
+        binding["max_model_len"] = (f"p99 prompt+output: {traffic.prompt_p99:.0f}+"
+                                    f"{traffic.output_p99:.0f} tokens, rounded up")
+    # gpu_memory_utilization: as much as the runtime allows. Before v0.21 CUDA graphs (0.5-2 GiB
+    # on H100) are captured outside the pool, so leave room for them; from v0.21 vLLM subtracts
+    # its graph estimate itself.
+    if setup.cudagraph_estimate_subtracted:
+        util = 0.95
+        binding["gpu_memory_utilization"] = "runtime headroom (CUDA graphs already in the budget, v0.21+)"
+    else:
+        headroom_gib = 2.5
+        util = round(min(0.95, 1.0 - headroom_gib / setup.gpu_memory_gib), 2)
+        binding["gpu_memory_utilization"] = (f"CUDA-graph + runtime headroom ({headroom_gib} GiB of "
+                                             f"{setup.gpu_memory_gib:.0f} GiB outside the budget)")
+    tuned = setup.with_(gpu_memory_utilization=util, max_model_len=max(mml, 16))
+    # max_num_seqs: KV slots for this traffic vs the TPOT SLO batch
+    kv_tokens = kv_tokens_for(tuned)
+    kv_batch = capture_size_floor(max(kv_slots(traffic, kv_tokens, tuned.block_size) * KV_MARGIN, 1))
+    default_seqs = tuned.max_num_seqs
+    seqs, why = min(default_seqs, kv_batch), "KV capacity" if kv_batch < default_seqs else "vLLM default"
+    if why == "KV capacity":
+        why = f"KV capacity: {kv_batch} requests of ~{_ctx(traffic):.0f} resident tokens fit with a 10% margin"
+    if slo.tpot_p99_s is not None:
+        lim = tpot_batch_limit(tuned.with_(max_num_seqs=max(seqs, 1)), traffic, slo.tpot_p99_s, seqs)
+        if lim == 0:
+            seqs, why = 1, f"TPOT SLO unreachable on this setup ({slo.tpot_p99_s * 1000:.0f} ms even at batch 1)"
+        elif lim < seqs:
+            seqs = capture_size_floor(lim)
+            why = f"TPOT SLO: batch {seqs} keeps TPOT under {slo.tpot_p99_s * 1000:.0f} ms"
+    seqs = max(seqs, 1)
+    binding["max_num_seqs"] = why
+    # max_num_batched_tokens: big enough to prefill the p99 prompt in one step (TTFT), small
+    # enough that a full chunk step does not blow the TPOT SLO for the decodes riding with it
+    want = max(2048, int(math.ceil((traffic.prompt_p99 + seqs) / 1024) * 1024))
+    mnbt, why = min(want, 16384), f"p99 prompt ({traffic.prompt_p99:.0f}) + running batch in one step"
+    if want > 16384:
+        why = "16384 cap: longer prompts are chunked (keeps decode steps short)"
+    if slo.tpot_p99_s is not None:
+        from exporter.model.perf import step_time_s
+        ctx = _ctx(traffic)
+        while mnbt > 512 and step_time_s(tuned, decode_seqs=seqs, decode_context_tokens=int(seqs * ctx),
+                                         prefill_tokens=max(mnbt - seqs, 1)) > 3.0 * slo.tpot_p99_s:
+            mnbt //= 2
+            why = (f"TPOT SLO: a full {mnbt}-token chunk step stays under 3x the "
+                   f"{slo.tpot_p99_s * 1000:.0f} ms target")
+    if mnbt < seqs:
+        mnbt, why = seqs, "must be >= max_num_seqs"
+    binding["max_num_batched_tokens"] = why
+    # speculative decoding at the expected running batch
+    use_spec = False
+    if spec is not None and spec.num_tokens > 0:
+        final = tuned.with_(max_num_seqs=seqs, max_num_batched_tokens=mnbt)
+        p = predict(final, traffic)
+        b = max(int(round(p.running)), 1)
+        g = gain(final, spec, b, _ctx(traffic))
+        use_spec = g.speedup >= SPEC_MIN_GAIN
+        binding["speculative_decoding"] = (f"{'gain' if g.helps else 'loss'} x{g.speedup:.2f} at batch {b} "
+                                           f"(k={spec.num_tokens}, {g.tokens_per_step:.2f} tokens/step)")
+    else:
+        binding["speculative_decoding"] = "no draft method or acceptance rate given"
+    return Recommendation(max_num_seqs=int(seqs), gpu_memory_utilization=util,
+                          max_model_len=int(mml), max_num_batched_tokens=int(mnbt),
+                          speculative_decoding=use_spec, binding=binding)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tier ranking
+
+
+@dataclass(frozen=True)
+class Tier:
+    gpu: str
+    tp: int
+    replicas: int
+    dollars_per_hour: float
+    dollars_per_million_tokens: float | None
+    meets_slo: bool
+    max_num_seqs: int
+    replica_rate_rps: float      # SLO-feasible requests/s of one replica
+    why: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "tp": self.tp, "replicas": self.replicas,
+                "dollars_per_hour": round(self.dollars_per_hour, 4),
+                "dollars_per_million_tokens": (None if self.dollars_per_million_tokens is None
+                                               else round(self.dollars_per_million_tokens, 4)),
+                "meets_slo": self.meets_slo, "max_num_seqs": self.max_num_seqs,
+                "replica_rate_rps": round(self.replica_rate_rps, 4), "why": self.why}
+
+
+def replica_capacity(setup: Any, traffic: Traffic, slo: SLO) -> tuple[float, int, Prediction | None, str]:
+    """(SLO-feasible requests/s of one replica, its max_num_seqs, the prediction there, why).
+
+    The batch is the largest meeting the TPOT SLO and fitting the KV pool; at that batch the
+    closed-loop throughput is the replica's rate, provided the TTFT SLO holds there (else the
+    batch is halved until it does)."""
+    kv_tokens = kv_tokens_for(setup)
+    if kv_tokens <= 0:
+        return 0.0, 0, None, "no KV cache left"
+    kv_b = int(kv_slots(traffic, kv_tokens, setup.block_size) * KV_MARGIN)
+    if kv_b < 1:
+        return 0.0, 0, None, "one request does not fit the KV pool"
+    b = min(kv_b, setup.max_num_seqs)
+    why = "KV capacity" if kv_b < setup.max_num_seqs else "max_num_seqs"
+    if slo.tpot_p99_s is not None:
+        lim = tpot_batch_limit(setup, traffic, slo.tpot_p99_s, b)
+        if lim == 0:
+            return 0.0, 0, predict(setup, traffic, concurrency=1), "TPOT SLO missed at batch 1"
+        if lim < b:
+            b, why = lim, "TPOT SLO"
+    p = predict(setup, traffic, concurrency=b)
+    while slo.ttft_p99_s is not None and p.ttft_s > slo.ttft_p99_s and b > 1:
+        b = max(b // 2, 1)
+        why = "TTFT SLO"
+        p = predict(setup, traffic, concurrency=b)
+    if slo.ttft_p99_s is not None and p.ttft_s > slo.ttft_p99_s:
+        return 0.0, b, p, "TTFT SLO missed at batch 1"
+    return p.requests_per_s, b, p, why
+
+
+def _load_rps(traffic: Traffic) -> float | None:
+    if traffic.arrival_rate_rps is not None:
+        return traffic.arrival_rate_rps
+    return None
+
+
+def rank_tiers(model: Any, traffic: Traffic, slo: SLO | None = None, *,
+               gpus: Iterable[str] | None = None, tps: Iterable[int] = (1, 2, 4, 8),
+               prices: Mapping[str, float] | None = None, quantization: str | None = None,
+               kv_cache_dtype: str = "auto", vllm_version: Any = None, max_model_len: int | None = None,
+               concurrency_rate: float | None = None, limit: int | None = None) -> list[Tier]:
+    """Every GPU x TP that holds the model, cheapest first among those meeting the SLOs.
+
+    Load: the traffic's arrival rate (or `concurrency_rate`, a rate derived elsewhere from an
+    observed concurrency). Without one, each tier is sized for one replica and compared by
+    $/million output tokens at its SLO-feasible rate. `prices` ($/GPU-hour) override the catalog."""
+    from exporter.model.gpus import GPUS, resolve_gpu
+    from exporter.model.setup import Setup
+
+    slo = slo or SLO()
+    prices = {resolve_gpu(k).name: float(v) for k, v in (prices or {}).items()}
+    names = [resolve_gpu(g).name for g in gpus] if gpus is not None else list(GPUS)
+    load = concurrency_rate if concurrency_rate is not None else _load_rps(traffic)
+    mml = max_model_len or round_model_len(traffic.prompt_p99 + traffic.output_p99)
+    out: list[Tier] = []
+    for name in names:
+        gpu = GPUS[name]
+        price = prices.get(name, gpu.dollars_per_hour)
+        for tp in tps:
+            try:
+                setup = Setup.build(model, gpu, tp=tp, quantization=quantization,
+                                    kv_cache_dtype=kv_cache_dtype, vllm_version=vllm_version,
+                                    max_model_len=min(mml, _arch(model).max_position_embeddings))
+            except InputError:
+                continue
+            if tp > 1 and setup.model.num_heads % tp:
+                continue  # vLLM needs attention heads divisible by TP
+            rate, b, p, why = replica_capacity(setup, traffic, slo)
+            if rate <= 0:
+                if p is None:
+                    continue  # does not hold the model with room for one request
+                out.append(Tier(name, tp, 0, 0.0, None, False, b, 0.0, why))
+                continue
+            replicas = max(1, math.ceil(load / (rate * LOAD_HEADROOM))) if load else 1
+            dph = price * tp * replicas
+            served = (load if load else rate) * traffic.output_tokens_mean
+            dpm = dph / (served * 3600.0) * 1e6 if served > 0 else None
+            out.append(Tier(name, tp, replicas, dph, dpm, True, b, rate,
+                            f"batch {b} bound by {why}; {rate:.2f} req/s per replica"))
+    # among equal SLO status: cheapest per hour when sized for a load, else cheapest per token
+    if load:
+        out.sort(key=lambda t: (not t.meets_slo, t.dollars_per_hour if t.meets_slo else math.inf,
+                                t.dollars_per_million_tokens or math.inf))
+    else:
+        out.sort(key=lambda t: (not t.meets_slo, t.dollars_per_million_tokens or math.inf,
+                                t.dollars_per_hour))
+    return out[:limit] if limit else out
+
+
+def _arch(model: Any) -> Any:
+    from exporter.model.architectures import resolve_model
+    return resolve_model(model) if isinstance(model, str) else model

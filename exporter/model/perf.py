@@ -1,0 +1,488 @@
+"""Step time, TTFT, TPOT and throughput of a vLLM replica: a calibrated roofline.
+
+Why a roofline and not a lookup table: the daemon must predict setups nobody benchmarked (other
+models, other GPUs, other TP), so the structure is physics (bytes moved per decode step over HBM
+bandwidth, FLOPs per prefill token over tensor throughput, all-reduce per layer over the link) and
+only a handful of efficiency factors are fitted, per GPU *class* (Hopper, Blackwell, ...), never
+per model. The fit lives in `CALIBRATIONS` with the data it came from; `benchmarks/accuracy_latency.py`
+measures it on rows it was and was not fitted to.
+
+Two entry points:
+- `step_time_s(setup, ...)`: one engine step (the simulator calls it every step, so it is a few
+  float operations on a cached `Shape`).
+- `predict(setup, traffic, concurrency=|rate=)`: steady state of continuous batching, closed loop
+  (a fixed number of clients, as in benchmark sweeps) or open loop (Poisson arrivals).
+
+Pure: no I/O, no clock.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+from exporter.errors import InputError
+
+# ---------------------------------------------------------------------------------------------
+# Calibration: efficiency factors per GPU class
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted efficiency factors of one GPU class.
+
+    bw_eff        share of datasheet HBM bandwidth a decode step achieves (weights + KV reads)
+    flops_eff_*   share of the dtype's dense peak a prefill/verify GEMM achieves
+    step_overhead_s   fixed cost of an engine step (scheduler, launch, sampler) at TP=1
+    layer_sync_s  per-layer cost of a TP all-reduce (latency part; the byte part uses the link)
+    per_token_s   per scheduled token cost outside the roofline (sampling, metadata, small kernels)
+    ttft_steps    engine steps between a request's arrival and its first token beyond its own
+                  prefill (admission, output processing, streaming), as measured by clients
+    ttft_fixed_s  fixed client-visible overhead (HTTP, tokenisation, detokenisation)
+    moe_flops_eff share of the dense GEMM efficiency an MoE grouped GEMM keeps in prefill
+    queue_factor  scale of the M/D/1 wait behind other requests' prefills (1 = Poisson arrivals)
+    ttft_prefill_factor  a request's own prefill as its client sees it, relative to the prefill's
+                  share of a busy mixed step (first-chunk scheduling, no overlap with decode)
+    """
+
+    gpu_class: str
+    bw_eff: float
+    flops_eff_bf16: float
+    flops_eff_fp8: float
+    flops_eff_fp4: float
+    step_overhead_s: float
+    layer_sync_s: float
+    per_token_s: float
+    ttft_steps: float
+    ttft_fixed_s: float
+    moe_flops_eff: float
+    queue_factor: float
+    ttft_prefill_factor: float
+    source: str
+
+
+_FIT_SOURCE = ("fitted by benchmarks/accuracy_latency.py --fit on ../shared/fixtures/"
+               "throughput-observations.csv (H100-SXM and H200-SXM rows)")
+
+# Hopper is the only class with measured rows; the others start from the Hopper factors (the
+# physics — bandwidth, peak FLOPs, link — differs per GPU through the catalog) and say so.
+CALIBRATIONS: dict[str, Calibration] = {
+    "hopper": Calibration("hopper", bw_eff=0.80, flops_eff_bf16=0.30, flops_eff_fp8=0.35,
+                          flops_eff_fp4=0.35, step_overhead_s=0.003, layer_sync_s=15e-6,
+                          per_token_s=5e-6, ttft_steps=3.0, ttft_fixed_s=0.010,
+                          moe_flops_eff=0.6, queue_factor=1.0, ttft_prefill_factor=1.0,
+                          source=_FIT_SOURCE),
+}
+_UNFITTED_NOTE = "no measured rows for this class: Hopper factors applied to its own datasheet"
+
+
+def gpu_class(gpu_name: str, vendor: str = "nvidia") -> str:
+    """Architecture family of a catalog GPU (what the efficiency factors are shared across)."""
+    n = gpu_name.upper()
+    if vendor == "amd" or n.startswith("MI"):
+        return "cdna3"
+    if n.startswith(("H100", "H200", "GH200")):
+        return "hopper"
+    if n.startswith(("B200", "B100", "GB200", "RTX-PRO-6000")):
+        return "blackwell"
+    if n.startswith(("A100", "A10", "RTX-3090", "A40")):
+        return "ampere"
+    if n.startswith(("L4", "L40", "RTX-4090")):
+        return "ada"
+    if n.startswith("T4"):
+        return "turing"
+    return "other"
+
+
+def calibration_for(gpu_name: str, vendor: str = "nvidia") -> Calibration:
+    cls = gpu_class(gpu_name, vendor)
+    cal = CALIBRATIONS.get(cls)
+    if cal is not None:
+        return cal
+    return replace(CALIBRATIONS["hopper"], gpu_class=cls, source=_UNFITTED_NOTE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape: everything a step needs, per GPU, precomputed once per setup
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Per-GPU quantities of one (model, GPU, TP, PP, dtype) setup.
+
+    Bytes and FLOPs are per GPU of one tensor-parallel group (already divided by TP); pipeline
+    stages run one after the other for a given batch, so a step's latency covers all layers.
+    """
+
+    dense_weight_bytes: float      # weights read every step (attention, dense MLP, lm_head)
+    expert_weight_bytes: float     # all routed-expert weights on this GPU (0 for dense models)
+    n_experts: int
+    experts_per_token: int
+    flops_per_token: float         # 2 x active params / TP
+    kv_bytes_per_ctx_token: float  # KV bytes read per context token, full-attention layers
+    swa_kv_bytes_per_token: float  # same for sliding-window layers (capped at the window)
+    swa_window: int
+    attn_flops_per_ctx_token: float  # 4 x heads x head_dim x full layers / TP, per (query, key)
+    swa_attn_flops_per_ctx_token: float
+    n_layers: int
+    tp: int
+    allreduce_bytes_per_token: float  # hidden x 2 B, per all-reduce
+    bw_bytes_per_s: float
+    peak_flops: float              # dense peak of the compute dtype
+    link_bytes_per_s: float        # one-direction GPU-to-GPU bandwidth
+    compute_dtype: str             # "bf16" | "fp8" | "fp4"
+    gpu_name: str
+    gpu_vendor: str
+
+
+def _flops_eff(cal: Calibration, shape: Shape) -> float:
+    eff = {"fp8": cal.flops_eff_fp8, "fp4": cal.flops_eff_fp4}.get(shape.compute_dtype,
+                                                                     cal.flops_eff_bf16)
+    if shape.n_experts > 0:
+        eff *= cal.moe_flops_eff
+    return eff
+
+
+def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_context_tokens: float,
+                    prefill_tokens: float, prefill_context_tokens: float = 0.0,
+                    tokens_per_seq: float = 1.0) -> float:
+    """Seconds of one engine step (see `step_time_s`). `tokens_per_seq` > 1 for spec-decode
+    verification (each decoding request carries 1 + k tokens)."""
+    b = decode_seqs
+    tokens = b * tokens_per_seq + prefill_tokens
+    if tokens <= 0:
+        return 0.0
+    # memory: weights (MoE: only the experts some token routes to) + KV of every context token
+    w = shape.dense_weight_bytes
+    if shape.n_experts:
+        miss = 1.0 - shape.experts_per_token / shape.n_experts
+        w += shape.expert_weight_bytes * (1.0 - miss ** tokens)
+    ctx_per_seq = decode_context_tokens / b if b else 0.0
+    kv = decode_context_tokens * shape.kv_bytes_per_ctx_token
+    if shape.swa_kv_bytes_per_token:
+        kv += b * min(ctx_per_seq, shape.swa_window) * shape.swa_kv_bytes_per_token
+    kv += prefill_context_tokens * (shape.kv_bytes_per_ctx_token + shape.swa_kv_bytes_per_token)
+    t_mem = (w + kv) / (cal.bw_eff * shape.bw_bytes_per_s)
+    # compute: GEMMs over all tokens + attention (decode: each query token over its context;
+    # prefill: causal over the chunk plus the already-computed prefix)
+    flops = shape.flops_per_token * tokens
+    flops += tokens_per_seq * (decode_context_tokens * shape.attn_flops_per_ctx_token
+                               + b * min(ctx_per_seq, shape.swa_window)
+                               * shape.swa_attn_flops_per_ctx_token)
+    if prefill_tokens:
+        span = prefill_context_tokens + prefill_tokens / 2.0
+        flops += prefill_tokens * (span * shape.attn_flops_per_ctx_token
+                                   + min(span, shape.swa_window) * shape.swa_attn_flops_per_ctx_token)
+    t_cmp = flops / (_flops_eff(cal, shape) * shape.peak_flops)
+    t = max(t_mem, t_cmp) + cal.step_overhead_s + cal.per_token_s * tokens
+    if shape.tp > 1:
+        per_ar = cal.layer_sync_s + (2.0 * (shape.tp - 1) / shape.tp * tokens
+                                     * shape.allreduce_bytes_per_token / shape.link_bytes_per_s)
+        t += 2 * shape.n_layers * per_ar
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# Steady state of continuous batching
+
+
+@dataclass(frozen=True)
+class Operating:
+    """Steady state at one load point (internal; `Prediction` is the public view)."""
+
+    ttft_s: float
+    tpot_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    step_time_s: float
+    running: float          # mean requests holding a KV slot
+    capacity: float         # most requests that can run at once (max_num_seqs, KV)
+    queue_wait_s: float     # waiting for a slot (0 unless saturated)
+    prefill_s: float        # own prefill steps
+    saturated: bool
+
+
+def _chunks(prefill: float, budget: float) -> list[float]:
+    if prefill <= 0:
+        return []
+    budget = max(budget, 16.0)
+    n = int(math.ceil(prefill / budget - 1e-9))
+    last = prefill - (n - 1) * budget
+    return [budget] * (n - 1) + [last]
+
+
+def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float, hit: float,
+                 max_batched_tokens: int, max_seqs: int, kv_tokens: float, block_size: int = 16,
+                 clients: float | None = None, rate: float | None = None,
+                 tokens_per_step: float = 1.0, tokens_per_seq: float = 1.0) -> Operating:
+    """Closed loop (`clients`) or open loop (`rate` in req/s) steady state.
+
+    `tokens_per_step`: output tokens a decoding request gains per step (speculative decoding:
+    the expected accepted length; 1 without), `tokens_per_seq`: tokens each decoding request
+    puts through the model per step (1 + k when verifying k drafts).
+    """
+    prompt_new = prompt * (1.0 - hit)
+    out = max(output, 1.0)
+    # KV slots: the resident tokens of a request average prompt + half its output over its life
+    footprint = prompt_new + out / 2.0 + block_size / 2.0
+    shared = prompt * hit
+    kv_slots = max((kv_tokens - shared) / footprint, 0.0)
+    capacity = max(min(float(max_seqs), kv_slots), 0.0)
+    if capacity < 1.0:
+        return Operating(math.inf, math.inf, 0.0, 0.0, math.inf, 0.0, capacity, math.inf, math.inf, True)
+    ctx = prompt + out / 2.0
+    steps_out = max((out - 1.0) / tokens_per_step, 0.0)   # decode steps after the first token
+    n = min(clients, capacity) if clients is not None else 1.0
+    tbar = step_time_shape(shape, cal, n, n * ctx, 0.0, tokens_per_seq=tokens_per_seq)
+    ttft = prefill = wait_p = 0.0
+    x = 0.0
+    saturated = False
+    for _ in range(60):
+        r_own = ttft + steps_out * tbar
+        if rate is not None:
+            x = rate
+            n_new = rate * r_own
+            if n_new >= capacity:
+                saturated = True
+                n_new = capacity
+        else:
+            x = n / max(r_own, 1e-9)
+            n_new = min(clients, capacity)
+        b = max(n_new * (steps_out * tbar) / max(r_own, 1e-9), min(n_new, 1.0)) if r_own > 0 else n_new
+        t_d = step_time_shape(shape, cal, b, b * ctx, 0.0, tokens_per_seq=tokens_per_seq)
+        done = 0.0
+        extra = 0.0
+        prefill = 0.0
+        for c in _chunks(prompt_new, max_batched_tokens - b * tokens_per_seq):
+            t_p = step_time_shape(shape, cal, b, b * ctx, c, shared + done, tokens_per_seq=tokens_per_seq)
+            prefill += t_p
+            extra += t_p - t_d
+            done += c
+        # time accounting of continuous batching: every decode step costs t_d, and each request
+        # adds `extra` once (its prefill chunks riding in decode steps). Closed loop: x = n / r,
+        # r = ttft + a * tbar, so tbar * (1 - n * extra / r) = t_d is a quadratic in tbar.
+        a = steps_out
+        if rate is None and a > 0:
+            q = ttft - n_new * extra - a * t_d
+            tbar_new = (-q + math.sqrt(q * q + 4.0 * a * t_d * ttft)) / (2.0 * a) if ttft > 0 \
+                else max(t_d + n_new * extra / a, t_d)
+        else:
+            tbar_new = t_d / (1.0 - min(x * extra, 0.95))
+        xr = x if rate is not None else n_new / max(ttft + a * tbar_new, 1e-9)
+        own = cal.ttft_prefill_factor * (prefill - len(_chunks(prompt_new, max_batched_tokens - b * tokens_per_seq)) * t_d) \
+            + len(_chunks(prompt_new, max_batched_tokens - b * tokens_per_seq)) * t_d
+        rho = min(xr * own, 0.95)
+        wait_p = cal.queue_factor * rho / (2.0 * (1.0 - rho)) * own
+        ttft_new = cal.ttft_fixed_s + cal.ttft_steps * tbar_new + own + wait_p
+        conv = abs(tbar_new - tbar) < 1e-7 * tbar and abs(ttft_new - ttft) < 1e-7 * max(ttft, 1e-9)
+        tbar = 0.5 * tbar + 0.5 * tbar_new
+        ttft = 0.5 * ttft + 0.5 * ttft_new
+        n = n_new
+        if conv:
+            break
+    r_own = ttft + steps_out * tbar
+    queue = 0.0
+    if clients is not None:
+        if clients > capacity:
+            queue = (clients / capacity - 1.0) * r_own
+            saturated = True
+        x = min(clients, capacity) / r_own
+    elif saturated:
+        queue = math.inf
+    tpot = tbar / tokens_per_step
+    return Operating(ttft_s=ttft + queue, tpot_s=tpot, requests_per_s=x,
+                     output_tokens_per_s=x * out, step_time_s=tbar, running=n,
+                     capacity=capacity, queue_wait_s=queue, prefill_s=prefill, saturated=saturated)
+
+
+# ---------------------------------------------------------------------------------------------
+# From a Setup (architecture x GPU x engine flags) to a Shape
+
+
+_FP8_SCHEMES = ("fp8", "w8a8", "int8")
+_FP4_SCHEMES = ("nvfp4", "fp4", "mxfp4")
+
+
+def compute_dtype(setup: Any) -> str:
+    """The GEMM input format vLLM runs for this weight scheme on this GPU: fp8 schemes use FP8
+    tensor cores where the GPU has them; FP4 weights run FP4 GEMMs only where the GPU has FP4
+    tensor cores (Blackwell), otherwise they are dequantised to 16-bit (Marlin/Triton), like
+    w4a16/AWQ/GPTQ."""
+    q = setup.quantization
+    if q in _FP4_SCHEMES and setup.gpu.fp4_tflops > 0:
+        return "fp4"
+    if q in _FP8_SCHEMES and setup.gpu.fp8_tflops > 0:
+        return "fp8"
+    return "bf16"
+
+
+@lru_cache(maxsize=4096)
+def shape_for(setup: Any) -> Shape:
+    """Precompute the per-GPU bytes and FLOPs of `setup` (cached: setups are frozen)."""
+    from exporter.model import kv_cache as kvc
+    from exporter.model.architectures import CHUNKED, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM, SLIDING
+
+    m, tp, pp = setup.model, setup.tp, setup.pp
+    native = setup.dtype_bytes
+    weights = sum(kvc.weights_bytes(setup, s) for s in range(pp))
+    # the input embedding is a gather, not a read of the whole table; the rotary cache is tiny reads
+    emb = m.vocab_size * m.hidden_size * native / tp
+    if not m.tie_word_embeddings:
+        weights -= emb
+    weights -= m.max_position_embeddings * m.rotary_dim * native
+    linear, experts, other = m.layer_params()
+    expert_bytes = 0.0
+    if m.is_moe and experts:
+        # the dense part as kv_cache.weights_bytes counts it; the rest (incl. any padding of the
+        # expert layout) is routed-expert weight, read only for experts some token picks
+        q = setup.quantization
+        qb = QUANT_BYTES_PER_PARAM.get(q) if q else None
+        lin_b = native if (qb is None or q == "mxfp4") else qb
+        dense_part = (linear - experts) * lin_b / tp + other * native + emb  # emb: the lm_head
+        expert_bytes = max(weights - dense_part, 0.0)
+    dense = max(weights - expert_bytes, 0.0)
+    flop_params = m.active_params - (m.embedding_params if not m.tie_word_embeddings else 0)
+    types = m.layer_types or tuple(["full"] * m.num_layers)
+    n_swa = sum(1 for t in types if t in (SLIDING, CHUNKED))
+    n_state = sum(1 for t in types if t in (MAMBA, LINEAR))
+    n_full = len(types) - n_swa - n_state
+    per_layer = kvc.token_bytes_per_layer(setup)
+    if m.attention == "mla":
+        qk_dim = (2 * m.kv_lora_rank + m.qk_rope_head_dim) / 2.0  # absorbed MLA: latent QK + V
+        heads = m.num_heads / tp
+    else:
+        qk_dim = m.head_dim
+        heads = m.num_heads / tp
+    window = m.sliding_window or m.attention_chunk_size or 1
+    cd = compute_dtype(setup)
+    gpu = setup.gpu
+    swa_bytes = per_layer * n_swa
+    return Shape(
+        dense_weight_bytes=dense,
+        expert_weight_bytes=expert_bytes,
+        n_experts=m.num_experts if m.is_moe else 0,
+        experts_per_token=m.experts_per_token if m.is_moe else 0,
+        flops_per_token=2.0 * flop_params / tp,
+        kv_bytes_per_ctx_token=per_layer * n_full,
+        swa_kv_bytes_per_token=swa_bytes,
+        swa_window=window,
+        attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_full,
+        swa_attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_swa,
+        n_layers=m.num_layers,
+        tp=tp,
+        allreduce_bytes_per_token=m.hidden_size * 2.0,
+        bw_bytes_per_s=gpu.hbm_bandwidth_tbps * 1e12,
+        peak_flops=gpu.tflops(cd) * 1e12,
+        link_bytes_per_s=max(gpu.interconnect_gbps, 1.0) / 2.0 * 1e9,
+        compute_dtype=cd,
+        gpu_name=gpu.name,
+        gpu_vendor=gpu.vendor,
+    )
+
+
+def step_time_s(setup: Any, *, decode_seqs: int, decode_context_tokens: int, prefill_tokens: int,
+                prefill_context_tokens: int = 0) -> float:
+    """Seconds one vLLM engine step takes on `setup`.
+
+    decode_seqs requests each generate one token, attending over `decode_context_tokens` tokens in
+    total; `prefill_tokens` prompt tokens (one or more chunks) are computed in the same step,
+    attending over `prefill_context_tokens` tokens already in the cache (prefix hits, earlier
+    chunks). Cheap: the per-setup work is cached."""
+    shape = shape_for(setup)
+    return step_time_shape(shape, calibration_for(shape.gpu_name, shape.gpu_vendor), decode_seqs,
+                           decode_context_tokens, prefill_tokens, prefill_context_tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public prediction
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Steady-state latency and throughput of one replica at a load point.
+
+    `saturated` means the load exceeds what the replica can run at once: at a fixed concurrency
+    the excess clients queue (their wait is in ttft_s); at an arrival rate the queue grows without
+    bound and ttft_s is infinite (JSON: null)."""
+
+    ttft_s: float
+    tpot_s: float
+    output_tokens_per_s: float
+    requests_per_s: float
+    step_time_s: float
+    kv_limited_concurrency: float   # requests of this traffic's size the KV pool holds at once
+    max_running: float              # min(max_num_seqs, kv_limited_concurrency)
+    running: float                  # mean requests running
+    queue_wait_s: float
+    saturated: bool
+    binding: str                    # what caps the running batch: "max_num_seqs" | "KV capacity"
+    spec_tokens_per_step: float = 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        def num(v: float) -> float | None:
+            return None if v is None or math.isinf(v) or math.isnan(v) else round(v, 6)
+        return {"ttft_s": num(self.ttft_s), "tpot_s": num(self.tpot_s),
+                "output_tokens_per_s": num(self.output_tokens_per_s),
+                "requests_per_s": num(self.requests_per_s), "step_time_s": num(self.step_time_s),
+                "kv_limited_concurrency": num(self.kv_limited_concurrency),
+                "max_running": num(self.max_running), "running": num(self.running),
+                "queue_wait_s": num(self.queue_wait_s), "saturated": self.saturated,
+                "binding": self.binding, "spec_tokens_per_step": round(self.spec_tokens_per_step, 4)}
+
+
+@lru_cache(maxsize=4096)
+def kv_tokens_for(setup: Any) -> float:
+    """Token slots of the KV pool (what `kv_capacity` predicts vLLM logs); 0 if nothing fits."""
+    from exporter.model.kv_cache import kv_capacity
+    try:
+        cap = kv_capacity(setup, check_fits=False)
+    except InputError:
+        return 0.0
+    return float(max(cap.tokens, 0))
+
+
+def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
+            rate: float | None = None, spec: Any = None) -> Prediction:
+    """Latency and throughput of `setup` under `traffic`.
+
+    concurrency: closed loop (that many clients, each sending its next request when the last one
+    finished; TTFT includes waiting for a slot when they exceed what fits). rate: open loop
+    (requests/s). Neither: the traffic's own concurrency or rate, else one client.
+    spec: an optional `spec_decode.SpecConfig` (tokens gained and verified per step).
+    """
+    if concurrency is None and rate is None:
+        concurrency = traffic.concurrency
+        rate = traffic.arrival_rate_rps if concurrency is None else None
+        if concurrency is None and rate is None:
+            concurrency = 1
+    if concurrency is not None and concurrency < 1:
+        raise InputError(f"concurrency must be >= 1 (got {concurrency})")
+    if rate is not None and rate <= 0:
+        raise InputError(f"rate must be > 0 requests/s (got {rate})")
+    shape = shape_for(setup)
+    cal = calibration_for(shape.gpu_name, shape.gpu_vendor)
+    per_step, per_seq = 1.0, 1.0
+    if spec is not None and getattr(spec, "num_tokens", 0) > 0:
+        per_step, per_seq = spec.expected_tokens, 1.0 + spec.num_tokens
+    kv_tokens = kv_tokens_for(setup)
+    op = steady_state(shape, cal, prompt=traffic.prompt_tokens_mean, output=traffic.output_tokens_mean,
+                      hit=traffic.prefix_hit_ratio, max_batched_tokens=setup.max_num_batched_tokens,
+                      max_seqs=setup.max_num_seqs, kv_tokens=kv_tokens, block_size=setup.block_size,
+                      clients=None if concurrency is None else float(concurrency), rate=rate,
+                      tokens_per_step=per_step, tokens_per_seq=per_seq)
+    kv_conc = kv_slots(traffic, kv_tokens, setup.block_size)
+    binding = "KV capacity" if kv_conc < setup.max_num_seqs else "max_num_seqs"
+    return Prediction(ttft_s=op.ttft_s, tpot_s=op.tpot_s, output_tokens_per_s=op.output_tokens_per_s,
+                      requests_per_s=op.requests_per_s, step_time_s=op.step_time_s,
+                      kv_limited_concurrency=kv_conc, max_running=op.capacity, running=op.running,
+                      queue_wait_s=op.queue_wait_s, saturated=op.saturated, binding=binding,
+                      spec_tokens_per_step=per_step)
+
+
+def kv_slots(traffic: Any, kv_tokens: float, block_size: int = 16) -> float:
+    """Requests of this traffic's mean size that the KV pool holds at once (time-averaged
+    footprint: the new prompt plus half the output, shared prefixes counted once)."""
+    prompt_new = traffic.prompt_tokens_mean * (1.0 - traffic.prefix_hit_ratio)
+    footprint = prompt_new + traffic.output_tokens_mean / 2.0 + block_size / 2.0
+    return max((kv_tokens - traffic.prompt_tokens_mean * traffic.prefix_hit_ratio) / footprint, 0.0)
