@@ -186,6 +186,7 @@ class PrometheusConfig(_Strict):
     timeout: Duration = 10.0
     concurrency: int = Field(default=8, ge=1, le=256)
     backfill: bool = True                      # fill a new target's window from history at once
+    target_metadata: bool = False              # also read /version and /v1/models from the targets
     bearer_token_file: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)   # e.g. X-Scope-OrgID for Mimir
 
