@@ -104,17 +104,30 @@ def _escape_label(v: str) -> str:
 @st.composite
 def sample_lines(draw, name: str):
     labels = draw(st.dictionaries(LABEL_NAMES, LABEL_VALUES, max_size=3))
-    style = draw(st.sampled_from(["plain", "plain", "trailing_comma", "spaced", "tab"]))
+    style = draw(st.sampled_from(["plain", "plain", "trailing_comma", "spaced", "tab", "eq_spaces",
+                                  "leading_comma", "name_inside", "quoted_name_inside", "exemplar"]))
     pairs = [f'{k}="{_escape_label(v)}"' for k, v in labels.items()]
     if style == "spaced":
         body = ", ".join(pairs)
+    elif style == "eq_spaces":
+        body = ",".join(f'{k} = "{_escape_label(v)}"' for k, v in labels.items())
+    elif style == "leading_comma":
+        body = "," + ",".join(pairs)
     else:
         body = ",".join(pairs) + ("," if style == "trailing_comma" and pairs else "")
-    head = f"{name}{{{body}}}" if (labels or draw(st.booleans())) else name
+    if style == "name_inside":
+        head = "{" + ",".join([f'__name__="{name}"'] + pairs) + "}"
+    elif style == "quoted_name_inside":
+        head = "{" + ",".join([f'"{name}"'] + pairs) + "}"
+    else:
+        head = f"{name}{{{body}}}" if (labels or draw(st.booleans())) else name
     sep = "\t" if style == "tab" and not labels else " "
     value = draw(VALUES)
     ts = draw(TIMESTAMPS)
-    return head + sep + value + (f" {ts}" if ts is not None else "")
+    line = head + sep + value + (f" {ts}" if ts is not None else "")
+    if style == "exemplar":
+        line = head + sep + value + ' # {trace_id="abc"} 1.0'
+    return line
 
 
 @st.composite
@@ -123,11 +136,12 @@ def expositions(draw):
     for _ in range(draw(st.integers(1, 6))):
         name = draw(NAMES)
         typ = draw(st.sampled_from(["counter", "gauge", "histogram", "summary", "untyped", None]))
+        shown = f'"{name}"' if draw(st.integers(0, 7)) == 0 else name  # quoted (UTF-8 style) name
         if draw(st.booleans()):
             help_text = draw(HELP_TEXT).replace("\\", "\\\\").replace("\n", "\\n")
-            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# HELP {shown} {help_text}")
         if typ is not None:
-            lines.append(f"# TYPE {name} {typ}")
+            lines.append(f"# TYPE {shown} {typ}")
         suffixes = {"histogram": ["_bucket", "_sum", "_count"], "summary": ["", "_sum", "_count"],
                     "counter": ["_total", ""] if not name.endswith("_total") else [""]}.get(typ, [""])
         for _ in range(draw(st.integers(0, 5))):
