@@ -35,6 +35,7 @@ NO_DATA = "No traffic"
 M = 'model_name=~"$model_name"'
 I = f'instance=~"$instance",{M}'
 T = 'target=~"$target"'
+MT = f"{M},{T}"
 
 
 def target(expr: str, legend: str = "", *, instant: bool = False, fmt: str | None = None) -> dict:
@@ -162,23 +163,23 @@ def fleet() -> dict:
     kv = THRESHOLDS["kv_cache"]
     b = Board("vllm-drift-fleet", "vLLM fleet overview (vllm-drift)",
               "Findings, waste and the most drifted vLLM servers across the fleet.",
-              [v_datasource(), V_MODEL])
+              [v_datasource(), V_MODEL, V_TARGET, V_INSTANCE])
     b.row("Fleet health")
     b.add("stat", "Targets up", "Targets vllm-drift scrapes successfully (vllm_drift_target_up).",
-          [target("sum(vllm_drift_target_up)", "up")], w=4, h=4)
+          [target(f"sum(vllm_drift_target_up{{{T}}})", "up")], w=4, h=4)
     b.add("stat", "Targets down", "Targets vllm-drift cannot scrape (vllm_drift_target_up == 0).",
-          [target("count(vllm_drift_target_up == 0) or vector(0)", "down")], w=4, h=4,
+          [target(f"count(vllm_drift_target_up{{{T}}} == 0) or vector(0)", "down")], w=4, h=4,
           steps=thresholds(GREEN, ("red", 1)))
     b.add("stat", "Active findings by severity",
           "Findings the daemon reports right now, by severity (vllm_drift_finding).",
-          [target(f"sum by (severity) (vllm_drift_finding{{{M}}})", "{{severity}}")], w=4, h=4)
+          [target(f"sum by (severity) (vllm_drift_finding{{{MT}}})", "{{severity}}")], w=4, h=4)
     b.add("stat", "Estimated waste", "Sum of vllm_drift_estimated_waste_dollars_per_hour over "
           "the selected models: what misplacement and idle capacity cost per hour.",
-          [target(f"sum(vllm_drift_estimated_waste_dollars_per_hour{{{M}}})", "$/hour")],
+          [target(f"sum(vllm_drift_estimated_waste_dollars_per_hour{{{MT}}})", "$/hour")],
           unit="currencyUSD", w=4, h=4, decimals=2, steps=thresholds(GREEN, ("orange", 1), ("red", 10)))
     b.add("stat", "Worst misconfiguration score",
           "Highest vllm_drift_misconfiguration_score in the fleet (0 = optimal, 1 = worst case).",
-          [target(f"max(vllm_drift_misconfiguration_score{{{M}}})", "score")], unit="none",
+          [target(f"max(vllm_drift_misconfiguration_score{{{MT}}})", "score")], unit="none",
           decimals=2, min_=0, max_=1, w=4, h=4, steps=thresholds(GREEN, ("orange", mc), ("red", 0.8)))
     b.add("stat", "Last evaluation age",
           "Seconds since the daemon last finished an evaluation "
@@ -188,11 +189,11 @@ def fleet() -> dict:
     b.row("Findings")
     b.add("timeseries", "Findings by severity",
           "Active findings over time, by severity (vllm_drift_finding).",
-          [target(f"sum by (severity) (vllm_drift_finding{{{M}}})", "{{severity}}")],
+          [target(f"sum by (severity) (vllm_drift_finding{{{MT}}})", "{{severity}}")],
           custom=ts_custom(stack=True))
     b.add("table", "Active findings", "Every active finding (vllm_drift_finding == 1); details "
           "and explanations at the daemon's /api/v1/findings.",
-          [target(f"vllm_drift_finding{{{M}}} == 1", instant=True, fmt="table")],
+          [target(f"vllm_drift_finding{{{MT}}} == 1", instant=True, fmt="table")],
           transformations=[{"id": "organize", "options": {
               "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True, "instance": True},
               "indexByName": {"target": 0, "model_name": 1, "finding": 2, "severity": 3}}}])
@@ -200,7 +201,7 @@ def fleet() -> dict:
     b.add("table", "Top drifted servers",
           "Ten servers with the highest misconfiguration score over all parameters "
           "(recording rule job_target_model:vllm_drift_misconfiguration_score:max).",
-          [target(f"topk(10, job_target_model:vllm_drift_misconfiguration_score:max{{{M}}})",
+          [target(f"topk(10, job_target_model:vllm_drift_misconfiguration_score:max{{{MT}}})",
                   instant=True, fmt="table")],
           unit="none", decimals=2, steps=thresholds(GREEN, ("orange", mc), ("red", 0.8)),
           transformations=[{"id": "organize", "options": {
@@ -209,19 +210,19 @@ def fleet() -> dict:
               {"id": "sortBy", "options": {"sort": [{"field": "worst score", "desc": True}]}}])
     b.add("bargauge", "Misconfiguration score by parameter",
           "Worst vllm_drift_misconfiguration_score per parameter across the selected servers.",
-          [target(f"max by (parameter) (vllm_drift_misconfiguration_score{{{M}}})", "{{parameter}}",
+          [target(f"max by (parameter) (vllm_drift_misconfiguration_score{{{MT}}})", "{{parameter}}",
                   instant=True)],
           unit="none", min_=0, max_=1, decimals=2,
           steps=thresholds(GREEN, ("orange", mc), ("red", 0.8)),
           options={"orientation": "horizontal", "displayMode": "gradient"})
     b.add("timeseries", "Estimated waste by model",
           "vllm_drift_estimated_waste_dollars_per_hour summed per model.",
-          [target(f"sum by (model_name) (vllm_drift_estimated_waste_dollars_per_hour{{{M}}})",
+          [target(f"sum by (model_name) (vllm_drift_estimated_waste_dollars_per_hour{{{MT}}})",
                   "{{model_name}}")], unit="currencyUSD", custom=ts_custom(stack=True))
     b.add("timeseries", "Drift score by target",
           "Worst misconfiguration score per server over time "
           "(job_target_model:vllm_drift_misconfiguration_score:max).",
-          [target(f"job_target_model:vllm_drift_misconfiguration_score:max{{{M}}}", "{{target}}")],
+          [target(f"job_target_model:vllm_drift_misconfiguration_score:max{{{MT}}}", "{{target}}")],
           unit="none", min_=0, max_=1, custom=ts_custom(line_thresholds=True),
           steps=thresholds(GREEN, ("orange", mc)))
     b.row("Load seen by vLLM")
@@ -229,25 +230,25 @@ def fleet() -> dict:
           "Share of KV-cache blocks in use, worst engine per server "
           "(vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc via "
           "instance_model:vllm_kv_cache_usage_perc:max).",
-          [target(f"instance_model:vllm_kv_cache_usage_perc:max{{{M}}}", "{{instance}}")],
+          [target(f"instance_model:vllm_kv_cache_usage_perc:max{{{I}}}", "{{instance}}")],
           unit="percentunit", min_=0, max_=1, w=8, custom=ts_custom(line_thresholds=True),
           steps=thresholds(GREEN, ("orange", kv["warning_ratio"]), ("red", kv["critical_ratio"])))
     b.add("timeseries", "Waiting requests",
           "Requests queued per server (vllm:num_requests_waiting summed over engines).",
-          [target(f"instance_model:vllm_num_requests_waiting:sum{{{M}}}", "{{instance}}")], w=8)
+          [target(f"instance_model:vllm_num_requests_waiting:sum{{{I}}}", "{{instance}}")], w=8)
     b.add("timeseries", "Preemptions",
           f"Preemptions per second per server (rate of vllm:num_preemptions_total over {W}).",
-          [target(f"instance_model:vllm_num_preemptions:rate{W}{{{M}}}", "{{instance}}")],
+          [target(f"instance_model:vllm_num_preemptions:rate{W}{{{I}}}", "{{instance}}")],
           unit="ops", w=8)
     b.add("timeseries", "Output tokens per second by model",
           f"Generated tokens/s (rate of vllm:generation_tokens_total over {W}).",
-          [target(f"sum by (model_name) (instance_model:vllm_generation_tokens:rate{W}{{{M}}})",
+          [target(f"sum by (model_name) (instance_model:vllm_generation_tokens:rate{W}{{{I}}})",
                   "{{model_name}}")], unit="short", w=12)
     b.add("timeseries", "TTFT p99 by server",
           "p99 time to first token (vllm:time_to_first_token_seconds via "
           "instance_model_quantile:vllm_time_to_first_token_seconds:histogram_quantile).",
           [target('instance_model_quantile:vllm_time_to_first_token_seconds:histogram_quantile'
-                  f'{{quantile="0.99",{M}}}', "{{instance}}")], unit="s", w=12,
+                  f'{{quantile="0.99",{I}}}', "{{instance}}")], unit="s", w=12,
           custom=ts_custom(line_thresholds=True),
           steps=thresholds(GREEN, ("red", THRESHOLDS["slo"]["ttft_p99_seconds"])))
     return b.json()
@@ -369,9 +370,9 @@ def cost() -> dict:
     idle = THRESHOLDS["idle_capacity"]["ratio"]
     b = Board("vllm-drift-cost", "vLLM GPU tiers and cost (vllm-drift)",
               "Where the fleet pays for GPUs it does not need: tier misplacement and idle capacity.",
-              [v_datasource(), V_MODEL])
+              [v_datasource(), V_MODEL, V_TARGET, V_INSTANCE])
     b.row("Summary")
-    waste = f"sum(vllm_drift_estimated_waste_dollars_per_hour{{{M}}})"
+    waste = f"sum(vllm_drift_estimated_waste_dollars_per_hour{{{MT}}})"
     b.add("stat", "Estimated waste per hour", "Sum of vllm_drift_estimated_waste_dollars_per_hour.",
           [target(waste, "$/hour")], unit="currencyUSD", decimals=2, w=6, h=4)
     b.add("stat", "Estimated waste per month",
@@ -379,16 +380,16 @@ def cost() -> dict:
           [target(f"{waste} * 730", "$/month")], unit="currencyUSD", decimals=0, w=6, h=4)
     b.add("stat", "Misplaced servers",
           f"Servers whose vllm_drift_tier_misplacement_score exceeds {tier['score']}.",
-          [target(f"count(vllm_drift_tier_misplacement_score{{{M}}} > {tier['score']}) or vector(0)",
+          [target(f"count(vllm_drift_tier_misplacement_score{{{MT}}} > {tier['score']}) or vector(0)",
                   "servers")], w=6, h=4, steps=thresholds(GREEN, ("orange", 1)))
     b.add("stat", "Mean idle capacity",
           "Average vllm_drift_idle_capacity_ratio: share of predicted sustainable capacity unused.",
-          [target(f"avg(vllm_drift_idle_capacity_ratio{{{M}}})", "idle")], unit="percentunit",
+          [target(f"avg(vllm_drift_idle_capacity_ratio{{{MT}}})", "idle")], unit="percentunit",
           min_=0, max_=1, w=6, h=4, steps=thresholds(GREEN, ("orange", idle)))
     b.row("Tiers")
     b.add("table", "Tier placement",
           "Current and recommended GPU per server with vllm_drift_tier_misplacement_score.",
-          [target(f"vllm_drift_tier_misplacement_score{{{M}}}", instant=True, fmt="table")],
+          [target(f"vllm_drift_tier_misplacement_score{{{MT}}}", instant=True, fmt="table")],
           unit="none", decimals=2, w=24,
           steps=thresholds(GREEN, ("orange", tier["score"])),
           transformations=[{"id": "organize", "options": {
@@ -397,36 +398,35 @@ def cost() -> dict:
               "renameByName": {"Value": "misplacement score"}}}])
     b.add("bargauge", "Servers by current GPU",
           "Count of servers per current_gpu label of vllm_drift_tier_misplacement_score.",
-          [target(f"count by (current_gpu) (vllm_drift_tier_misplacement_score{{{M}}})",
+          [target(f"count by (current_gpu) (vllm_drift_tier_misplacement_score{{{MT}}})",
                   "{{current_gpu}}", instant=True)], w=12,
           options={"orientation": "horizontal", "displayMode": "basic"})
     b.add("bargauge", "Servers by recommended GPU",
           "Count of servers per recommended_gpu label of vllm_drift_tier_misplacement_score.",
-          [target(f"count by (recommended_gpu) (vllm_drift_tier_misplacement_score{{{M}}})",
+          [target(f"count by (recommended_gpu) (vllm_drift_tier_misplacement_score{{{MT}}})",
                   "{{recommended_gpu}}", instant=True)], w=12,
           options={"orientation": "horizontal", "displayMode": "basic"})
     b.row("Waste and idle capacity")
     b.add("bargauge", "Waste by server",
           "vllm_drift_estimated_waste_dollars_per_hour per server, largest first.",
           [target(f"sort_desc(sum by (target, model_name) "
-                  f"(vllm_drift_estimated_waste_dollars_per_hour{{{M}}}))",
+                  f"(vllm_drift_estimated_waste_dollars_per_hour{{{MT}}}))",
                   "{{target}} ({{model_name}})", instant=True)],
           unit="currencyUSD", decimals=2, w=12,
           options={"orientation": "horizontal", "displayMode": "gradient"})
     b.add("timeseries", "Waste by model",
-          "vllm_drift_estimated_waste_dollars_per_hour per model "
-          "(job_model:vllm_drift_estimated_waste_dollars_per_hour:sum).",
-          [target(f"sum by (model_name) (job_model:vllm_drift_estimated_waste_dollars_per_hour:sum{{{M}}})",
+          "vllm_drift_estimated_waste_dollars_per_hour summed per model.",
+          [target(f"sum by (model_name) (vllm_drift_estimated_waste_dollars_per_hour{{{MT}}})",
                   "{{model_name}}")], unit="currencyUSD", w=12, custom=ts_custom(stack=True))
     b.add("timeseries", "Idle capacity by server",
           "vllm_drift_idle_capacity_ratio per server over time.",
-          [target(f"vllm_drift_idle_capacity_ratio{{{M}}}", "{{target}}")], unit="percentunit",
+          [target(f"vllm_drift_idle_capacity_ratio{{{MT}}}", "{{target}}")], unit="percentunit",
           min_=0, max_=1, w=12, custom=ts_custom(line_thresholds=True),
           steps=thresholds(GREEN, ("orange", idle)))
     b.add("timeseries", "Requests per second by model",
           f"Finished requests/s (rate of vllm:request_success_total over {W}), to set waste "
           "against the traffic served.",
-          [target(f"sum by (model_name) (instance_model:vllm_request_success:rate{W}{{{M}}})",
+          [target(f"sum by (model_name) (instance_model:vllm_request_success:rate{W}{{{I}}})",
                   "{{model_name}}")], unit="reqps", w=12)
     return b.json()
 

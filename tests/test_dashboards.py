@@ -60,7 +60,7 @@ def queries(d: dict) -> list[tuple[str, str]]:
 def substitute(expr: str) -> str:
     """What Grafana sends: macros become durations, variables become their All value."""
     expr = expr.replace("$__rate_interval", "1m").replace("$__interval", "1m").replace("$__range", "1h")
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", ".*", expr)
+    return re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", ".*", expr)  # not label_replace's $1
 
 
 def label_values_inner(expr: str) -> str:
@@ -235,3 +235,49 @@ def test_provisioning_files():
     dash = yaml.safe_load((prov / "dashboards" / "vllm-drift.yaml").read_text())
     (provider,) = dash["providers"]
     assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
+
+
+def selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
+    """(metric name, {label: matcher value}) for every vector selector, variables left as is."""
+    out: list[tuple[str, dict[str, str]]] = []
+    marked = re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", lambda m: f"VAR_{m.group(1) or m.group(2)}", expr)
+    marked = marked.replace("VAR___rate_interval", "1m").replace("VAR___interval", "1m").replace("VAR___range", "1h")
+
+    def walk(node):
+        if type(node).__name__ == "VectorSelector":
+            out.append((node.name, {m.name: m.value for m in node.matchers.matchers}))
+        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
+            child = getattr(node, attr, None)
+            if child is not None and not isinstance(child, (str, int, float)):
+                walk(child)
+        for child in getattr(node, "args", None) or []:
+            walk(child)
+
+    walk(promql_parser.parse(label_values_inner(marked)))
+    return out
+
+
+# the daemon's own families carry no target label (INTERFACE.md)
+DAEMON_SELF = {"vllm_drift_last_evaluation_timestamp_seconds", "vllm_drift_evaluation_duration_seconds",
+               "vllm_drift_config_reload_failures_total"}
+
+
+def test_variables_filter_every_series_they_can():
+    """Where a dashboard defines `target`/`instance`, every drift series is filtered by target
+    and every vLLM series by instance and model, so picking one server narrows every panel."""
+    rec = recording_rules()
+    for name, d in dashboards().items():
+        defined = {v["name"] for v in d["templating"]["list"]}
+        for p in panels(d):
+            for t in p.get("targets") or []:
+                for metric, matchers in selectors(t["expr"]):
+                    where = f"{name}: {p['title']!r}: {metric}"
+                    if metric in DAEMON_SELF:
+                        continue
+                    if metric.startswith("vllm_drift_") or metric.startswith("job_target_model:"):
+                        assert matchers.get("target") == "VAR_target" or "target" not in defined, where
+                    elif metric.startswith("vllm:") or metric in rec and metric.startswith("instance_model"):
+                        assert matchers.get("instance") == "VAR_instance", where
+                        assert matchers.get("model_name") == "VAR_model_name", where
+                    else:
+                        assert metric not in rec, f"{where}: fleet-level record ignores the filters"
