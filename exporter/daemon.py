@@ -73,7 +73,8 @@ class Daemon:
         self.reload_failures = 0.0
         self.reloads = 0.0
         self.discovery_errors: dict[str, float] = {}
-        self.discovery: Discovery = build_discovery(cfg, on_error=self._discovery_error)
+        self.reader = None             # PrometheusReader in query mode
+        self.discovery: Discovery = self._make_discovery(cfg)
         self.scraper = self._make_scraper(cfg)
         self.evaluator = Evaluator(cfg)
         self.state_store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
@@ -109,6 +110,18 @@ class Daemon:
         except OSError:
             return None
 
+    def _make_discovery(self, cfg: Config) -> Discovery:
+        """Scrape mode: the configured sources. Query mode (`prometheus:`): the targets the store
+        knows, read through its API (sharding applies to them the same way)."""
+        if cfg.prometheus is None:
+            self.reader = None
+            return build_discovery(cfg, on_error=self._discovery_error)
+        from exporter.query.reader import PrometheusReader
+
+        self.reader = PrometheusReader(cfg.prometheus, on_error=self._discovery_error)
+        return Discovery([self.reader], defaults=cfg.defaults, shard_index=cfg.shard.index,
+                         shard_count=cfg.shard.count)
+
     def _discovery_error(self, source: str, message: str) -> None:
         self.discovery_errors[source] = self.discovery_errors.get(source, 0.0) + 1.0
         log.error("discovery failed", source=source, error=message)
@@ -116,6 +129,8 @@ class Daemon:
     # ----------------------------------------------------------------- scrape
     async def scrape_cycle(self) -> None:
         start = time.perf_counter()
+        if self.reader is not None:
+            await self.reader.refresh()
         try:
             wanted = self.discovery.targets()
         except Exception as exc:  # a discovery source must never stop scraping
@@ -138,6 +153,8 @@ class Daemon:
         self.publish()
 
     async def scrape_one(self, st: TargetState) -> None:
+        if self.reader is not None:
+            return await self.query_one(st)
         url = st.spec.url
         now = time.time()
         try:
@@ -156,10 +173,45 @@ class Daemon:
         restarted = self._restarted(st, snaps)
         if st.metadata is None or restarted or now - st.metadata.fetched_at > self.cfg.scrape.metadata_refresh:
             st.metadata = await self.scraper.metadata(url)
-        st.up, st.last_success = True, now
-        if st.last_error is not None:
-            log.info("scrape recovered", target=url)
-            st.last_error = st.last_reason = None
+        self._observe(st, snaps, now)
+
+    async def query_one(self, st: TargetState) -> None:
+        """Query mode: the target's Snapshots from the store. A failing store is counted by
+        reason and leaves the target's state as it was; the store's `up == 0` marks it down."""
+        from exporter.query.client import QueryError
+
+        url, now = st.spec.url, time.time()
+        start = time.perf_counter()
+        try:
+            if not st.windows and self.cfg.prometheus.backfill:
+                step = max(self.cfg.scrape.interval, self.cfg.evaluation.window / 60)
+                for snaps in await self.reader.history(st.spec, now - self.cfg.evaluation.window, now, step):
+                    self._observe(st, snaps, snaps[0].timestamp if snaps else now, quiet=True)
+            snaps = await self.reader.read(st.spec, now)
+        except QueryError as exc:
+            if exc.reason in ("target_down", "no_series"):
+                st.duration_s = None
+                st.fail(exc.reason, str(exc), now)
+            else:                      # the store failed, not the target: keep what we know
+                st.errors[exc.reason] = st.errors.get(exc.reason, 0.0) + 1.0
+                if str(exc) != st.last_error:
+                    log.warning("query failed; keeping the last state", target=url, reason=exc.reason, error=str(exc))
+                st.last_error, st.last_reason = str(exc), exc.reason
+            return
+        st.duration_s = time.perf_counter() - start
+        restarted = self._restarted(st, snaps)
+        if self.cfg.prometheus.target_metadata and (
+                st.metadata is None or restarted or now - st.metadata.fetched_at > self.cfg.scrape.metadata_refresh):
+            st.metadata = await self.scraper.metadata(url)
+        self._observe(st, snaps, max((s.timestamp for s in snaps), default=now))
+
+    def _observe(self, st: TargetState, snaps: list[Snapshot], now: float, *, quiet: bool = False) -> None:
+        url = st.spec.url
+        if not quiet:
+            st.up, st.last_success = True, now
+            if st.last_error is not None:
+                log.info("scrape recovered", target=url)
+                st.last_error = st.last_reason = None
         window_s = self.cfg.evaluation.window
         seen = set()
         for snap in snaps:
@@ -241,7 +293,7 @@ class Daemon:
         self.config_loaded_at = time.time()
         self.reloads += 1
         self.discovery.close()
-        self.discovery = build_discovery(new, on_error=self._discovery_error)
+        self.discovery = self._make_discovery(new)
         self.evaluator = Evaluator(new, previous=self.evaluator)
         if new.state_dir != old.state_dir:
             self.state_store = StateStore(new.state_dir) if new.state_dir else None
@@ -346,6 +398,8 @@ class Daemon:
             await asyncio.wait(pending, timeout=grace)
         self.save_state(force=True)
         await self.scraper.aclose()
+        if self.reader is not None:
+            await self.reader.aclose()
         self.discovery.close()
         if self.http is not None:
             self.http.stop()
