@@ -1,0 +1,98 @@
+"""Prometheus query results back into exposition families, so query mode and scrape mode share the
+canonicaliser (`exporter.parse.canonical.canonicalise`) and everything after it.
+
+Why rebuild families instead of a second canonicaliser: vLLM's naming across eras (renames,
+deprecated twins, the `engine` label, histogram layouts) is handled in one place; a series read
+from Prometheus is the same sample the target exposed, plus the labels Prometheus attached. Those
+are removed here: `job`, `instance`, the configured target label, and any other label that has
+one value on every series of the target (relabelling adds such labels: `namespace`, `pod`, ...),
+except `model_name` and `engine`, which vLLM sets itself. Pure.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from exporter.parse import eras
+from exporter.parse.exposition import Family, Sample
+
+# sample name -> (family name as prometheus_client groups it, type)
+_FAMILY_OF: dict[str, tuple[str, str]] = {}
+_CANONICAL: list[str] = []
+for _m in eras.V0_NAMES + eras.V1_NAMES:
+    # every name of the era tables: canonical keys, plus those the version guess reads
+    wanted = True
+    if _m.kind == "gauge":
+        _FAMILY_OF[_m.exposed] = (_m.exposed, "gauge")
+        names = [_m.exposed]
+    elif _m.kind == "counter":
+        base = _m.exposed[: -len("_total")] if _m.exposed.endswith("_total") else _m.exposed
+        _FAMILY_OF[_m.exposed] = _FAMILY_OF[base + "_created"] = (base, "counter")
+        names = [_m.exposed, base + "_created"]
+    else:
+        for suffix in ("_bucket", "_sum", "_count", "_created"):
+            _FAMILY_OF[_m.exposed + suffix] = (_m.exposed, "histogram")
+        names = [_m.exposed + s for s in ("_bucket", "_sum", "_count", "_created")]
+    if wanted:
+        _CANONICAL.extend(n for n in names if n not in _CANONICAL)
+
+#: Every sample name the era tables know (what query mode asks Prometheus for): the canonical
+#: signals and the families whose presence dates the vLLM version.
+CANONICAL_SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(_CANONICAL))
+KEEP_LABELS = frozenset(("model_name", "engine", "le", "finished_reason", "position"))
+PROMETHEUS_LABELS = frozenset(("job", "instance"))
+
+
+def name_regex() -> str:
+    """A PromQL regex matching exactly the canonical sample names (`:` needs no escape)."""
+    return "|".join(CANONICAL_SAMPLE_NAMES)
+
+
+def strip_target_labels(series: list[tuple[dict[str, str], float]], target_label: str) -> list[tuple[dict[str, str], float]]:
+    """Drop the labels Prometheus (and relabelling) attached to every series of the target."""
+    if not series:
+        return series
+    drop = set(PROMETHEUS_LABELS) | {target_label}
+    first = series[0][0]
+    constant = {k: v for k, v in first.items() if k not in KEEP_LABELS and k != "__name__"}
+    for labels, _ in series[1:]:
+        if not constant:
+            break
+        for k in [k for k, v in constant.items() if labels.get(k) != v]:
+            del constant[k]
+    if len(series) > 1:
+        drop |= set(constant)
+    return [({k: v for k, v in labels.items() if k not in drop}, value) for labels, value in series]
+
+
+def to_families(series: Iterable[tuple[Mapping[str, str], float]]) -> list[Family]:
+    """Series (`__name__` among the labels) -> exposition families in the canonicaliser's shape,
+    histogram buckets in ascending `le` order as an exposition lists them."""
+    families: dict[str, Family] = {}
+    for labels, value in series:
+        name = labels.get("__name__")
+        if not name:
+            continue
+        fam_name, kind = _FAMILY_OF.get(name, (name, "unknown"))
+        fam = families.get(fam_name)
+        if fam is None:
+            fam = families[fam_name] = Family(fam_name, kind, "")
+        rest = {k: v for k, v in labels.items() if k != "__name__"}
+        fam.samples.append(Sample(name, rest, float(value), None))
+    for fam in families.values():
+        if fam.type == "histogram":
+            fam.samples.sort(key=_sample_order)
+    return list(families.values())
+
+
+_SUFFIX_ORDER = {"_bucket": 0, "_count": 1, "_sum": 2, "_created": 3}
+
+
+def _sample_order(s: Sample) -> tuple:
+    suffix = next((k for k in _SUFFIX_ORDER if s.name.endswith(k)), "")
+    le = s.labels.get("le")
+    try:
+        bound = float(le) if le is not None else 0.0
+    except ValueError:
+        bound = 0.0
+    others = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+    return (others, _SUFFIX_ORDER.get(suffix, 9), bound)
