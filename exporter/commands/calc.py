@@ -134,7 +134,13 @@ def run(args: argparse.Namespace) -> int:
 def _table(title: str, rows: list[tuple[str, Any]]) -> str:
     width = max((len(k) for k, _ in rows), default=0)
     lines = [title, "-" * len(title)]
-    lines += [f"  {k:<{width}}  {_fmt(v)}" for k, v in rows]
+    for k, v in rows:
+        if isinstance(v, dict):  # e.g. the binding constraint of each recommendation
+            lines.append(f"  {k}:")
+            sub = max((len(str(x)) for x in v), default=0)
+            lines += [f"    {x:<{sub}}  {_fmt(y)}" for x, y in v.items()]
+        else:
+            lines.append(f"  {k:<{width}}  {_fmt(v)}")
     return "\n".join(lines) + "\n\n"
 
 
@@ -165,10 +171,11 @@ def render(doc: dict[str, Any]) -> str:
     tiers = doc.get("tiers")
     if isinstance(tiers, list) and tiers:
         cols = ["gpu", "tp", "replicas", "dollars_per_hour", "dollars_per_million_tokens", "meets_slo"]
-        head = "  " + "  ".join(f"{c:>14}" if i else f"{c:<36}" for i, c in enumerate(cols))
-        lines = ["GPU tiers", "---------", head]
-        for t in tiers:
-            lines.append("  " + "  ".join(f"{_fmt(t.get(c)):>14}" if i else f"{_fmt(t.get(c)):<36}"
-                                          for i, c in enumerate(cols)))
+        cells = [[_fmt(t.get(c)) for c in cols] for t in tiers if isinstance(t, dict)]
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+        def line(values: list[str]) -> str:
+            return "  " + "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                                    for i, (v, w) in enumerate(zip(values, widths)))
+        lines = ["GPU tiers", "---------", line(cols)] + [line(r) for r in cells]
         out.append("\n".join(lines) + "\n")
     return "".join(out)
