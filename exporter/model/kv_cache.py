@@ -124,14 +124,6 @@ def _max_tokens_per_layer(setup: Setup, kind: str) -> int:
     return L
 
 
-def _blocks_for(setup: Setup, kind: str) -> int:
-    bs = setup.block_size
-    if kind in (MAMBA, LINEAR):
-        return 1
-    n = math.ceil(_max_tokens_per_layer(setup, kind) / bs)
-    return n + 1 if kind == SLIDING and setup.model.sliding_window else n
-
-
 @dataclass(frozen=True)
 class _Groups:
     page_bytes: int          # bytes per block per layer (uniform across groups)
