@@ -273,3 +273,29 @@ def test_newer_name_wins_whichever_comes_first(old, new, kind, key):
         snap = parse_vllm(text, target="t", timestamp=0)[0]
         got = {"gauge": snap.gauges, "counter": snap.counters}.get(kind, snap.histograms)[key]
         assert (got.count if kind == "histogram" else got) == 7
+
+
+def _openmetrics(text: str) -> str:
+    """The same families rendered by prometheus_client's OpenMetrics writer (what a server
+    answers to `Accept: application/openmetrics-text`): counters declared without _total,
+    `# EOF` at the end. UTF-8 escaping keeps the `vllm:` names as they are."""
+    from prometheus_client.openmetrics.exposition import ALLOWUTF8, generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    fams = list(text_string_to_metric_families(text))
+
+    class Replay:
+        def collect(self):
+            return fams
+
+    reg = CollectorRegistry()
+    reg.register(Replay())
+    return generate_latest(reg, escaping=ALLOWUTF8).decode()
+
+
+@pytest.mark.parametrize("version", ["0.10.1", "0.11.0", "0.7.0"])
+def test_openmetrics_rendering_gives_the_same_snapshot(version):
+    text = capture(version).read_text()
+    om = _openmetrics(text)
+    assert om.rstrip().endswith("# EOF") and "# TYPE vllm:prompt_tokens counter" in om
+    assert parse_vllm(om, target="t", timestamp=5.0) == parse_vllm(text, target="t", timestamp=5.0)

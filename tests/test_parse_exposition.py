@@ -252,3 +252,21 @@ def test_caches_are_bounded_and_full_caches_do_not_change_results():
         assert normalise(reader.parse(variant)) == normalise(stock(variant, ("vllm:",)))
         sizes = reader.cache_sizes()
         assert sizes["heads"] <= 300 and sizes["labelsets"] <= 200 and sizes["comments"] <= 200
+
+
+def test_openmetrics_style_input_identical_to_prometheus_client():
+    from prometheus_client.openmetrics.exposition import ALLOWUTF8, generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    for path in captures():
+        fams = list(text_string_to_metric_families(path.read_text(encoding="utf-8")))
+
+        class Replay:
+            def collect(self):
+                return fams
+
+        reg = CollectorRegistry()
+        reg.register(Replay())
+        om = generate_latest(reg, escaping=ALLOWUTF8).decode()
+        for prefixes in (None, ("vllm:",)):
+            assert normalise(Reader(prefixes).parse(om)) == normalise(stock(om, prefixes)), path.name
