@@ -254,3 +254,16 @@ def test_resolve_model_accepts_a_local_config_path(tmp_path):
                                    "vocab_size": 100, "max_position_embeddings": 1024})
     assert resolve_model(str(d / "config.json")).num_layers == 3
     assert resolve_model(str(d)).num_kv_heads == 2
+
+
+def test_yarn_rope_scaling_extends_the_derived_max_model_len(tmp_path):
+    arch = load_hf_config(_write(tmp_path, "yarn", {
+        "model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 32768,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}))
+    assert arch.max_position_embeddings == 131072
+    llama3 = load_hf_config(_write(tmp_path, "l3", {
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 131072,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}))
+    assert llama3.max_position_embeddings == 131072

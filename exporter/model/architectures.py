@@ -309,6 +309,13 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     if not lengths:
         raise CatalogError(f"{where}: missing field 'max_position_embeddings' in config.json")
     max_pos = min(lengths)
+    rope = cfg.get("rope_scaling") or {}
+    if isinstance(rope, Mapping) and rope.get("factor"):
+        kind = str(rope.get("rope_type") or rope.get("type") or "")
+        if kind not in ("su", "longrope", "llama3", "mrope", "default", "dynamic"):
+            if kind == "yarn" and rope.get("original_max_position_embeddings"):
+                max_pos = int(rope["original_max_position_embeddings"])
+            max_pos = int(max_pos * float(rope["factor"]))  # as vLLM derives max_model_len
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
     if n_experts:
