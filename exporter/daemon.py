@@ -157,17 +157,18 @@ class Daemon:
             return await self.query_one(st)
         url = st.spec.url
         now = time.time()
+        start = time.perf_counter()
         try:
             fetched = await self.scraper.fetch(url + "/metrics")
         except ScrapeError as exc:
-            st.duration_s = None
+            st.duration_s = time.perf_counter() - start   # how long it took to fail, as blackbox does
             st.fail(exc.reason, str(exc), now)
             return
         try:
             snaps = parse_vllm(fetched.body, target=url, timestamp=now)
         except ParseError as exc:
             st.duration_s = fetched.duration_s
-            st.fail(getattr(exc, "reason", "parse"), str(exc), now)
+            st.fail(exc.reason, str(exc), now)
             return
         st.duration_s = fetched.duration_s
         restarted = self._restarted(st, snaps)

@@ -16,7 +16,9 @@ class ConfigError(InputError):
 
 
 class ParseError(InputError):
-    """An exposition payload could not be read."""
+    """An exposition payload could not be read. `reason` is the scrape-error label it counts under."""
+
+    reason = "parse"
 
 
 class CatalogError(InputError):

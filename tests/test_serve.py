@@ -93,7 +93,10 @@ def test_serve_mixed_era_fleet(fleet, tmp_path, cli_env):
                    "".join(f"  - url: {s.url}\n" for s in fleet))
     d = Daemon(cfg, cli_env)
     try:
-        body = wait_for(lambda: (t := d.metrics()) if len(samples(t, "vllm_drift_target_up")) == len(fleet) else None)
+        def all_scraped():
+            text = d.metrics()
+            return text if len(samples(text, "vllm_drift_target_up")) == len(fleet) else None
+        body = wait_for(all_scraped)
         up = samples(body, "vllm_drift_target_up")
         for s in fleet:
             assert up[f'{{target="{s.url}"}}'] == (0.0 if s.capture is None else 1.0), s.capture

@@ -29,9 +29,13 @@ __all__ = ["NotAnEngineError", "NoVllmMetricsError", "canonicalise", "parse_vllm
 class NotAnEngineError(ParseError):
     """The endpoint answers with metrics, but they are not a vLLM engine's."""
 
+    reason = "router"
+
 
 class NoVllmMetricsError(NotAnEngineError):
     """No `vllm:` metric at all: stats disabled, or not a vLLM server."""
+
+    reason = "not_vllm"
 
 
 # sample name -> (MetricName, part); part: g(auge) c(ounter) b(ucket) s(um) n (count) t (created)
