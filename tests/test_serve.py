@@ -157,3 +157,50 @@ def test_serve_bad_config_exits_2(tmp_path, cli_env):
                          text=True, env=cli_env, timeout=30)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "scrape.bogus: unknown key" in out.stderr and str(cfg) in out.stderr
+
+
+def test_each_kind_of_bad_target_is_down_with_its_reason(captures, tmp_path, cli_env):
+    good = captures["vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"]
+    router = (b'# TYPE vllm:num_requests_running gauge\n'
+              b'vllm:num_requests_running{server="http://10.0.0.1:8000"} 1\n'
+              b'# TYPE vllm:current_qps gauge\nvllm:current_qps{server="http://10.0.0.1:8000"} 2\n')
+    kinds = {
+        "not_vllm": loopback.static({"/metrics": b"# TYPE node_load1 gauge\nnode_load1 0.5\n"}),
+        "parse": loopback.static({"/metrics": b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m" 1\n'}),
+        "http_status": loopback.status("503 Service Unavailable"),
+        "timeout": loopback.hang(),
+        "body_too_large": loopback.huge(8 * 2**20),
+        "router": loopback.static({"/metrics": router}),
+    }
+    html_page = loopback.static({"/metrics": b"<html><body><h1>Welcome to nginx!</h1></body></html>"}, ctype="text/html")
+    sites = {k: loopback.Site(h) for k, h in kinds.items()}
+    sites["html"] = loopback.Site(html_page)
+    sites["good"] = loopback.Site(loopback.static({"/metrics": good}))
+    for s in sites.values():
+        s.__enter__()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scrape: {interval: 1s, timeout: 1s, max_body_bytes: 1MiB}\nevaluation: {interval: 2s, window: 60s}\n"
+                   "targets:\n" + "".join(f"  - url: {s.url}\n" for s in sites.values()))
+    d = Daemon(cfg, cli_env)
+    try:
+        def settled():
+            text = d.metrics()
+            return text if len(samples(text, "vllm_drift_target_up")) == len(sites) else None
+        body = wait_for(settled)
+        time.sleep(1.5)
+        body = d.metrics()
+        up = samples(body, "vllm_drift_target_up")
+        errs = samples(body, "vllm_drift_scrape_errors_total")
+        for kind, site in sites.items():
+            assert up[f'{{target="{site.url}"}}'] == (1.0 if kind == "good" else 0.0), kind
+            if kind in kinds:
+                assert errs.get(f'{{reason="{kind}",target="{site.url}"}}', 0) >= 1, (kind, errs)
+        assert any(f'target="{sites["html"].url}"' in k for k in errs)
+        targets = json.loads(get(d.url + "/api/v1/targets")[1])["targets"]
+        by = {t["target"]: t for t in targets}
+        assert "production-stack router" in by[sites["router"].url]["last_error"] or "router" in by[sites["router"].url]["last_error"]
+        assert by[sites["good"].url]["last_error"] is None
+    finally:
+        d.stop()
+        for s in sites.values():
+            s.__exit__(None, None, None)
