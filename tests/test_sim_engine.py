@@ -237,3 +237,13 @@ def test_matches_a_real_vllm_cpu_kv_pressure_timeline():
     assert got["running"] == pytest.approx(want["running"], abs=2)
     assert got["waiting"] == pytest.approx(want["waiting"], abs=3)
     assert got["kv"] == pytest.approx(want["kv"], abs=0.12)
+
+
+def test_clients_give_up_on_requests_queued_too_long():
+    cfg = EngineConfig(num_gpu_blocks=4000, max_num_seqs=2)
+    tr = Traffic(rate=5.0, prompt=LengthDist(200), output=LengthDist(200), client_timeout_s=30.0)
+    eng = make(cfg, tr)
+    eng.advance_to(300)
+    # ~5 req/s arrive, a handful are served: the queue holds about 30 s of arrivals, not 300 s
+    assert 60 < eng.metrics.waiting < 250
+    assert all(r.arrival >= eng.now - 31 or r.scheduled_at is not None for r in eng.waiting)

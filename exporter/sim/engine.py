@@ -100,6 +100,7 @@ class Traffic:
     prefix_groups: int = 1                # ... out of this many distinct ones ...
     prefix_share: float = 0.0             # ... used by this share of requests
     concurrency: int = 0                  # >0: closed loop, this many clients send back to back
+    client_timeout_s: float = 600.0       # a client gives up on a request still queued this long
 
     def rate_at(self, t: float) -> float:
         if self.arrival == "bursty":
@@ -290,6 +291,7 @@ class Engine:
         self._next_arrival = self._draw_arrival(0.0)
         self.last_step: dict = {}
         self._admitted = 0
+        self._last_expiry = -1.0
 
     # ---- traffic ---------------------------------------------------------------------------
     def traffic_at(self, t: float) -> Traffic:
@@ -558,6 +560,21 @@ class Engine:
         m.counters["http_request_bytes"] += 150 + int(4.6 * req.prompt_len)
         m.counters["http_response_bytes"] += 300 + int(6.5 * req.outputs)
 
+    def _expire_waiting(self) -> None:
+        """Drop never-scheduled requests whose client gave up (a real server sees the
+        disconnect and frees them; vLLM does not count them as finished). Checked once per
+        simulated second, so an overloaded scenario's queue stays bounded."""
+        if not self.waiting or self.now - self._last_expiry < 1.0:
+            return
+        self._last_expiry = self.now
+        limit = self.traffic_at(self.now).client_timeout_s
+        if limit <= 0:
+            return
+        cutoff = self.now - limit
+        if any(r.arrival < cutoff and r.scheduled_at is None for r in self.waiting):
+            self.waiting = deque(r for r in self.waiting
+                                 if r.arrival >= cutoff or r.scheduled_at is not None)
+
     # ---- driving ---------------------------------------------------------------------------
     def advance_to(self, t_target: float, max_steps: int = 1_000_000) -> int:
         """Simulate until sim time reaches `t_target` (the last step may end a little later).
@@ -569,6 +586,7 @@ class Engine:
                 if req is not None:
                     self.waiting.append(req)
                 self._next_arrival = self._draw_arrival(self._next_arrival)
+            self._expire_waiting()
             closed = self.traffic_at(self.now).concurrency
             if closed:
                 while len(self.waiting) + len(self.running) < closed:

@@ -81,7 +81,8 @@ _VLLM = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_
          "enable_prefix_caching", "kv_cache_dtype", "block_size", "num_gpu_blocks", "speculative"}
 _SPEC = {"num_speculative_tokens", "acceptance", "draft_cost"}
 _TRAFFIC = {"rate", "arrival", "burst_factor", "burst_fraction", "burst_period", "diurnal_period",
-            "diurnal_amplitude", "prompt", "output", "max_tokens", "shared_prefix", "concurrency"}
+            "diurnal_amplitude", "prompt", "output", "max_tokens", "shared_prefix", "concurrency",
+            "client_timeout"}
 _DIST = {"mean", "kind", "cv", "min", "max"}
 _PREFIX = {"tokens", "groups", "share"}
 _PHASE = {"at", "traffic"}
@@ -195,6 +196,8 @@ def _traffic(r: _Reader, value: Any, path: str, base: Traffic | None) -> Traffic
         concurrency=r.num(m, "concurrency", f"{path}.concurrency", base.concurrency, integer=True,
                           lo=0, hi=100000),
     )
+    if "client_timeout" in m:
+        t = replace(t, client_timeout_s=_duration(r, m["client_timeout"], f"{path}.client_timeout"))
     if "burst_period" in m:
         t = replace(t, burst_period_s=_duration(r, m["burst_period"], f"{path}.burst_period") or 1.0)
     if "diurnal_period" in m:
