@@ -28,6 +28,7 @@ its previous state.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
@@ -276,14 +277,15 @@ class Reader:
 
     Caches, keyed by text so one Reader serves every target of a process: sample heads
     `name{labels}` -> (name, labels) (at most `max_heads`, about 450 bytes each), label-set
-    texts -> labels (`max_labelsets`, about 400 bytes each), metric names and HELP/TYPE lines.
+    texts -> labels (`max_labelsets`, about 400 bytes each), metric names, HELP/TYPE lines and
+    value texts (" 0.0" recurs a lot).
     A full cache stops taking new entries (no thrashing when a fleet's series outnumber it:
     the label-set cache still serves the rest), and every `refresh_every` calls all caches are
     emptied so series of departed targets do not stay forever.
     """
 
     __slots__ = ("prefixes", "max_heads", "max_labelsets", "refresh_every", "_calls", "_heads",
-                 "_labelsets", "_names", "_comments")
+                 "_labelsets", "_names", "_comments", "_values")
 
     def __init__(self, prefixes: Iterable[str] | None = ("vllm:",), *, max_heads: int = 50_000,
                  max_labelsets: int = 50_000, refresh_every: int = 200_000):
@@ -296,16 +298,19 @@ class Reader:
         self._labelsets: dict[str, dict[str, str] | None] = {}
         self._names: set[str] = set()
         self._comments: dict[str, tuple] = {}
+        self._values: dict[str, float] = {}  # value texts after a head: " 0.0" -> 0.0
 
     def clear_cache(self) -> None:
         self._heads.clear()
         self._labelsets.clear()
         self._names.clear()
         self._comments.clear()
+        self._values.clear()
 
     def cache_sizes(self) -> dict[str, int]:
         return {"heads": len(self._heads), "labelsets": len(self._labelsets),
-                "names": len(self._names), "comments": len(self._comments)}
+                "names": len(self._names), "comments": len(self._comments),
+                "values": len(self._values)}
 
     def _wanted(self, name: str) -> bool:
         return self.prefixes is None or name.startswith(self.prefixes)
@@ -342,7 +347,7 @@ class Reader:
             if len(parts) < 4:
                 raise ValueError("TYPE line without a type")
             doc = parts[3]
-            allowed = tuple(name + s for s in _ALLOWED_SUFFIXES.get(doc, ("",)))
+            allowed = tuple(sys.intern(name + s) for s in _ALLOWED_SUFFIXES.get(doc, ("",)))
         wanted = bool(name) and self._wanted(name)
         skip_brace = tuple(a + "{" for a in allowed if a)
         skip_blank = tuple(a + c for a in allowed if a for c in " \t")
@@ -351,6 +356,8 @@ class Reader:
     def _parse(self, text: str) -> list[Family]:
         heads = self._heads
         comments = self._comments
+        values = self._values
+        max_values = self.max_labelsets
         new = _new_sample
         out: list[Family] = []
         name = ""
@@ -391,12 +398,15 @@ class Reader:
                         i = line.rfind("}")
                         hit = heads.get(line[:i + 1]) if i > 0 else None
                         if hit is not None:
-                            r = line[i + 1:].lstrip()
-                            if r and " " not in r and "\t" not in r and "_" not in r and not r.lstrip("+-").isdecimal():
-                                sample = new(Sample, (hit[0], hit[1], float(r), None))
+                            r = line[i + 1:]
+                            v = values.get(r)
+                            if v is not None:
+                                sample = new(Sample, (hit[0], hit[1], v, None))
                             else:
-                                value, ts = _value_and_timestamp(r)
-                                sample = new(Sample, (hit[0], hit[1], value, ts))
+                                v, ts = _value_and_timestamp(r)
+                                if ts is None and len(values) < max_values:
+                                    values[r] = v
+                                sample = new(Sample, (hit[0], hit[1], v, ts))
                         else:
                             sample = self._sample(line)
                         if sample[0] in allowed:
@@ -470,7 +480,7 @@ class Reader:
         j = line.find("{")
         i = line.rfind("}")
         if 0 < j < i:
-            sname = line[:j]
+            sname = sys.intern(line[:j])  # interned: `in allowed` then compares by identity
             if sname not in self._names:
                 if not _LEGACY_NAME_FULL.match(sname):
                     return _parse_sample_slow(line)
