@@ -45,7 +45,8 @@ TIMELINE_FIELDS = [
     ("generation_tokens_total", "vllm:generation_tokens_total"),
     ("prompt_tokens_total", "vllm:prompt_tokens_total"),
 ]
-LOG_PATTERNS = re.compile(r"KV cache size|Maximum concurrency|num_gpu_blocks|cpu_kvcache|KV cache")
+NOT_VLLM_ENV = {"VLLM_PY"}
+LOG_PATTERNS = re.compile(r"KV cache|Maximum concurrency|SpecDecoding metrics")
 
 
 def utcnow() -> str:
@@ -261,7 +262,9 @@ def main() -> int:
            "--port", str(a.port), "--served-model-name", a.served_model_name, *extra]
     run = Run(a)
     run.record["server_cmd"] = ["launch.py" if c.endswith("launch.py") else c for c in cmd[1:]]
-    run.record["env"] = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+    # vLLM's own settings only (VLLM_PY is capture_all.sh's interpreter path, not a vLLM knob)
+    run.record["env"] = {k: v for k, v in os.environ.items()
+                         if k.startswith("VLLM_") and k not in NOT_VLLM_ENV}
     log = open(a.log, "wb")
     print(f"[capture] starting: {shlex.join(cmd)}", file=sys.stderr)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -275,7 +278,7 @@ def main() -> int:
         log.close()
         text = Path(a.log).read_text(errors="replace")
         run.record["log_lines"] = [ln.strip() for ln in text.splitlines()
-                                   if LOG_PATTERNS.search(ln)][:20]
+                                   if LOG_PATTERNS.search(ln)][:40]
         for c in run.record["captures"]:
             c.pop("monotonic_mid", None)
         if a.manifest:

@@ -31,7 +31,7 @@ for run in $ONLY; do
   default)
     VLLM_CPU_KVCACHE_SPACE=1 cap --log "$WORK_DIR/default.log" \
       --idle "$P-idle.prom" --info \
-      --load "--concurrency 8 --prompt-tokens 256 --output-tokens 128 --count 100000 --duration 75 --seed 1" \
+      --load "--concurrency 8 --prompt-tokens 256 --output-tokens 128 --count 100000 --duration 75 --seed 1 --no-stream" \
       --at "30:$P-load-a.prom" --at "60:$P-load-b.prom" \
       -- "${COMMON[@]}" --max-num-seqs 64 > "$WORK_DIR/default.json" ;;
   kvpressure)
