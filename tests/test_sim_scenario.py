@@ -166,3 +166,20 @@ def test_fleet_config_errors_name_the_key(tmp_path):
     p.write_text("targets: 12\nengines: 3\nscenarios: [healthy, kv-pressure]\nvllm_versions: [0.7.0, 0.32.0]\n")
     spec = load_fleet_config(str(p))
     assert (spec.targets, spec.engines) == (12, 3)
+
+
+def test_the_documented_scenario_format_is_valid():
+    import textwrap
+
+    import yaml
+
+    import exporter.sim as sim
+    from exporter.sim.scenario import parse_scenario
+    doc = textwrap.dedent(sim.__doc__.split("::", 1)[1])
+    sc = parse_scenario(yaml.safe_load(doc), "exporter/sim/__init__.py")
+    assert sc.flags.spec_tokens == 3 and sc.phases[1].at_s == 300
+    assert sc.phases[0].traffic.burst_period_s == 30 and sc.phases[0].traffic.client_timeout_s == 600
+    assert sc.phases[1].traffic.rate == 3.0 and sc.phases[1].traffic.max_tokens == 1024
+    st = build(sc, seed=1)
+    st.tick(5.0)
+    assert st.engine.metrics.counters["steps"] > 0
