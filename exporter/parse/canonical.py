@@ -139,6 +139,8 @@ def canonicalise(families: Iterable[Family], *, target: str, timestamp: float) -
             continue
         last_model = None
         acc: _Acc = None  # type: ignore[assignment]  # set on the first sample
+        slot_key = None
+        slot: list = [None, None, None]
         for name, labels, value, _ts in samples:
             hit = parts.get(name)
             if hit is None:
@@ -150,24 +152,23 @@ def canonicalise(families: Iterable[Family], *, target: str, timestamp: float) -
                 if acc is None:
                     acc = models[model] = _Acc()
                 last_model = model
+                slot_key = None
             engine = labels.get("engine")
             if engine is not None:
                 if engine not in acc.engines:
                     acc.engines.add(engine)
                 has_engine_label = True
-            if part == "t":
-                if acc.created is None or value < acc.created:
-                    acc.created = value
-                continue
-            exposed = m.exposed
             if part == "b" or part == "s" or part == "n":
-                per_engine = acc.hists.get(exposed)
-                if per_engine is None:
-                    per_engine = acc.hists[exposed] = {}
-                    names.add(exposed)
-                slot = per_engine.get(engine)
-                if slot is None:
-                    slot = per_engine[engine] = [{}, None, None]
+                exposed = m.exposed
+                if slot_key is None or slot_key[0] is not exposed or slot_key[1] != engine:
+                    per_engine = acc.hists.get(exposed)
+                    if per_engine is None:
+                        per_engine = acc.hists[exposed] = {}
+                        names.add(exposed)
+                    slot = per_engine.get(engine)
+                    if slot is None:
+                        slot = per_engine[engine] = [{}, None, None]
+                    slot_key = (exposed, engine)
                 if part == "b":
                     le = labels.get("le")
                     if le is None:
@@ -178,7 +179,13 @@ def canonicalise(families: Iterable[Family], *, target: str, timestamp: float) -
                     slot[1] = (slot[1] or 0.0) + value
                 else:
                     slot[2] = (slot[2] or 0.0) + value
-            elif part == "c":
+                continue
+            if part == "t":
+                if acc.created is None or value < acc.created:
+                    acc.created = value
+                continue
+            exposed = m.exposed
+            if part == "c":
                 counters = acc.counters
                 if exposed in counters:
                     counters[exposed] += value
