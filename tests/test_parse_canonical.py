@@ -214,19 +214,36 @@ def test_version_guess_from_one_family(name, expected):
     assert str(guess_version(frozenset({name}), "v1", None, False)) == expected
 
 
-ROUTER = """\
-# HELP vllm:num_requests_running Number of running requests
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{server="http://10.0.0.5:8000"} 2.0
-# HELP vllm:current_qps Current Queries Per Second
-# TYPE vllm:current_qps gauge
-vllm:current_qps{server="http://10.0.0.5:8000"} 3.5
-"""
+def router_exposition(active: bool) -> bytes:
+    """What the production-stack router serves: its metric declarations (names, types, label
+    names as in vllm_router/services/metrics_service) rendered by prometheus_client, fresh (no
+    backend seen yet: HELP/TYPE only) or active."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    reg = CollectorRegistry()
+    gauges = {n: Gauge(n, n, ["server"], registry=reg) for n in (
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_prefix_cache_hit_rate",
+        "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", "vllm:current_qps",
+        "vllm:avg_decoding_length", "vllm:num_prefill_requests", "vllm:num_decoding_requests",
+        "vllm:healthy_pods_total", "vllm:avg_latency", "vllm:avg_itl", "vllm:num_requests_swapped")}
+    incoming = Counter("vllm:num_incoming_requests", "incoming", ["model"], registry=reg)
+    Counter("vllm:input_tokens_total", "input", ["server", "model"], registry=reg)
+    Histogram("vllm:request_latency_seconds", "latency", ["server", "model", "status"], registry=reg)
+    if active:
+        for g in gauges.values():
+            g.labels(server="http://10.0.0.5:8000").set(2)
+        incoming.labels(model="llama").inc(3)
+    return generate_latest(reg)
 
 
-def test_production_stack_router_is_refused():
+@pytest.mark.parametrize("active", [False, True])
+def test_production_stack_router_is_refused(active):
     with pytest.raises(NotAnEngineError, match="not a vLLM engine: looks like the production-stack router"):
-        parse_vllm(ROUTER, target="t", timestamp=0)
+        parse_vllm(router_exposition(active), target="t", timestamp=0)
+    # a single re-exported engine name with the router's `server` label is enough
+    text = 'vllm:num_requests_running{server="http://10.0.0.5:8000"} 2.0\n'
+    with pytest.raises(NotAnEngineError, match="production-stack router"):
+        parse_vllm(text, target="t", timestamp=0)
 
 
 def test_endpoint_without_vllm_metrics_is_refused():

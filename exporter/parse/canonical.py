@@ -112,13 +112,11 @@ def canonicalise(families: Iterable[Family], *, target: str, timestamp: float) -
         if not fname.startswith("vllm:"):
             ray = ray or fname.startswith("ray_vllm")
             continue
-        if fam.samples:
-            first = fam.samples[0]
-            if first[0] in eras.ROUTER_ONLY or eras.ROUTER_LABEL in first[1]:
-                raise NotAnEngineError(
-                    "not a vLLM engine: looks like the production-stack router (it re-exports "
-                    f"vllm: metrics with a `server` label, e.g. {first[0]}); scrape the engines "
-                    "behind it instead")
+        if fname in eras.ROUTER_ONLY or (fam.samples and eras.ROUTER_LABEL in fam.samples[0][1]):
+            raise NotAnEngineError(
+                "not a vLLM engine: looks like the production-stack router (it re-exports "
+                f"vllm: metrics with a `server` label and router-only ones such as {fname}); "
+                "scrape the engines behind it instead")
         if fname == _RUNNING:
             running_help = fam.documentation
         samples = fam.samples

@@ -193,12 +193,17 @@ CACHE_CONFIG_LABELS: dict[str, tuple[str, str | None]] = {
     "simple_cpu_offload_num_blocks": ("0.33.0", None),
 }
 
-# The production-stack router re-exports vllm:-prefixed metrics with a `server` label (§6.2);
-# these names exist only there.
+# The production-stack router re-exports vllm:-prefixed metrics with a `server` label (§6.2;
+# production-stack `src/vllm_router/services/metrics_service/__init__.py`); these names exist
+# only there. Listed as exposed (counters with _total) and as family names without it, because a
+# freshly started router shows only HELP/TYPE lines (labelled metrics without children).
 ROUTER_ONLY = frozenset((
     "vllm:current_qps", "vllm:avg_decoding_length", "vllm:num_prefill_requests",
-    "vllm:num_decoding_requests", "vllm:num_incoming_requests_total", "vllm:healthy_pods_total",
-    "vllm:avg_latency", "vllm:avg_itl", "vllm:input_tokens_total", "vllm:output_tokens_total",
+    "vllm:num_decoding_requests", "vllm:healthy_pods_total", "vllm:avg_latency", "vllm:avg_itl",
+    "vllm:num_incoming_requests_total", "vllm:num_incoming_requests",
+    "vllm:routing_decisions_total", "vllm:routing_decisions",
+    "vllm:input_tokens_total", "vllm:input_tokens", "vllm:output_tokens_total", "vllm:output_tokens",
+    "vllm:request_errors_total", "vllm:request_errors", "vllm:request_latency_seconds",
 ))
 ROUTER_LABEL = "server"
 
