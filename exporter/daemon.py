@@ -9,6 +9,7 @@ a bad config reload keeps the config in force.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -53,6 +54,7 @@ class TargetState:
     latest: dict[str, Snapshot] = field(default_factory=dict)
     reports: dict[str, ModelReport] = field(default_factory=dict)
     start_time: float | None = None
+    gpus: Any = None                  # exporter.telemetry.dcgm.TargetGpus, when DCGM is configured
 
     def fail(self, reason: str, message: str, now: float) -> None:
         self.up = False
@@ -83,6 +85,8 @@ class Daemon:
         self.exposition = Exposition()
         self.published = Published(self.exposition.render)
         self.published.reload = self._reload_from_http
+        self.dcgm = self.gpu_collector = None
+        self._setup_dcgm(cfg)
         self.http: HTTPServer | None = None
         self.last_evaluation: float | None = None
         self.evaluation_duration: float | None = None
@@ -122,6 +126,33 @@ class Daemon:
         return Discovery([self.reader], defaults=cfg.defaults, shard_index=cfg.shard.index,
                          shard_count=cfg.shard.count)
 
+    def _setup_dcgm(self, cfg: Config) -> None:
+        """GPU telemetry (optional): DCGM readings joined to targets, exported by its own collector."""
+        if cfg.dcgm is None:
+            self.dcgm = None
+            if self.gpu_collector is not None:
+                self.gpu_collector.view = {}
+            return
+        from exporter.telemetry.collector import GpuCollector
+        from exporter.telemetry.dcgm import DCGMSource
+
+        self.dcgm = DCGMSource(cfg.dcgm, on_error=self._discovery_error)
+        if self.gpu_collector is None:
+            self.gpu_collector = GpuCollector()
+            self.exposition.registry.register(self.gpu_collector)
+
+    async def _join_gpus(self, wanted: dict[str, TargetSpec]) -> tuple[dict[str, TargetSpec], dict[str, Any]]:
+        """Refresh DCGM when due; a target without a `gpu` hint takes the GPU DCGM names."""
+        if self.dcgm.due(time.time()):
+            await self.dcgm.refresh(self.scraper, self.reader.api if self.reader is not None else None)
+        out, joined = {}, {}
+        for url, spec in wanted.items():
+            gpus = joined[url] = self.dcgm.index.join(spec)
+            if gpus is not None and spec.gpu is None and gpus.catalog_gpu:
+                spec = spec.model_copy(update={"gpu": gpus.catalog_gpu})
+            out[url] = spec
+        return out, joined
+
     def _discovery_error(self, source: str, message: str) -> None:
         self.discovery_errors[source] = self.discovery_errors.get(source, 0.0) + 1.0
         log.error("discovery failed", source=source, error=message)
@@ -140,6 +171,9 @@ class Daemon:
             if url not in wanted:
                 log.info("target removed", target=url)
                 del self.targets[url]
+        gpus = None
+        if self.dcgm is not None:
+            wanted, gpus = await self._join_gpus(wanted)
         for url, spec in wanted.items():
             state = self.targets.get(url)
             if state is None:
@@ -147,6 +181,8 @@ class Daemon:
                 log.info("target added", target=url, source=spec.source)
             elif state.spec != spec:
                 state.spec = spec
+            if gpus is not None:
+                self.targets[url].gpus = gpus.get(url)
         await asyncio.gather(*(self.scrape_one(st) for st in list(self.targets.values())))
         self.cycle_duration = time.perf_counter() - start
         self.cycles += 1
@@ -271,10 +307,13 @@ class Daemon:
                             "scrape_duration_seconds": st.duration_s, "last_success": st.last_success,
                             "last_error": st.last_error, "last_error_reason": st.last_reason,
                             "errors": st.errors, "vllm_version": version, "models": models,
-                            "hints": st.spec.model_dump(exclude={"url", "source"}, exclude_none=True)})
+                            "hints": st.spec.model_dump(exclude={"url", "source"}, exclude_none=True),
+                            "gpus": None if st.gpus is None else dataclasses.asdict(st.gpus)})
         view = FleetView(tuple(views), self.last_evaluation, self.evaluation_duration, self.reload_failures,
                          self.reloads, self.config_loaded_at, dict(self.discovery_errors), self.cycle_duration,
                          self.cycles, self._state_errors(), self.ready)
+        if self.gpu_collector is not None:
+            self.gpu_collector.view = {url: st.gpus for url, st in self.targets.items() if st.gpus is not None}
         self.exposition.publish(view)
         self.published.findings = json.dumps({"generated_at": time.time(), "targets": findings}).encode()
         self.published.targets = json.dumps({"targets": targets}).encode()
@@ -296,6 +335,7 @@ class Daemon:
         self.discovery.close()
         self.discovery = self._make_discovery(new)
         self.evaluator = Evaluator(new, previous=self.evaluator)
+        self._setup_dcgm(new)
         if new.state_dir != old.state_dir:
             self.state_store = StateStore(new.state_dir) if new.state_dir else None
         if new.scrape != old.scrape:
