@@ -95,12 +95,14 @@ class Evaluator:
         slo = {"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}
         traffic = {"prompt_mean": x.prompt_mean, "output_mean": x.output_mean, "prompt_p99": x.prompt_p99,
                    "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
-                   "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean}
+                   "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
+                   "spec_k": x.spec_k}
         pred = predict(res, tp=x.tp, pp=x.pp, quantization=spec.quantization or spec.labels.get("quantization"),
                        cache_dtype=x.cache_dtype, gpu_memory_utilization=x.gpu_memory_utilization,
                        max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
                        max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
-                       vllm_version=version, traffic=_rounded(traffic), slo=slo, prices=self.cfg.prices)
+                       vllm_version=version, slo=slo, prices=self.cfg.prices,
+                       traffic={**_rounded(traffic), "spec_per_position": _per_pos(summary)})
         x = replace(x, prediction=pred, missing_hints=res.missing, model=res.model_id,
                     gpu=res.gpu.name if res.gpu is not None else None)
         notes.extend(pred.notes)
@@ -225,12 +227,18 @@ def _configured(x: DriftInput) -> dict[str, float]:
     return out
 
 
+def _per_pos(summary: Any) -> tuple[float, ...] | None:
+    pp = getattr(summary, "spec_decode_acceptance_per_pos", None)
+    return tuple(round(min(1.0, max(0.0, p)), 2) for p in pp) if pp else None
+
+
 def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
-    """Round the traffic to 2 significant digits so the calculator's cache hits across windows."""
+    """Snap the traffic to a geometric grid of 10% steps, so the calculator's caches (tier
+    ranking is the costly part) hit across windows of steady traffic."""
     out = {}
     for k, v in traffic.items():
-        if v is None or v == 0:
+        if v is None or v <= 0:
             out[k] = v
         else:
-            out[k] = float(f"{v:.2g}")
+            out[k] = float(f"{1.1 ** round(math.log(v) / math.log(1.1)):.4g}")
     return out

@@ -22,6 +22,8 @@ class Prediction:
     tpot_s: float | None = None                 # predicted TPOT at the observed load
     tpot_at: dict[int, float] = field(default_factory=dict)   # running batch -> TPOT seconds
     spec_speedup: float | None = None           # predicted speed-up of the configured spec decode
+    spec_speedup_at_capacity: float | None = None  # ... at the SLO-feasible batch
+    capacity_batch: int | None = None           # SLO-feasible running batch of this replica
     fp8_kv_supported: bool | None = None        # the GPU has an fp8 path
     tiers: tuple["TierOption", ...] = ()        # cheapest first, same SLOs at the observed load
     current_cost_per_hour: float | None = None  # $/h of the current replica (GPUs x price)

@@ -9,6 +9,7 @@ Everything here is pure (no I/O except the packaged catalogs), so it is cached p
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
@@ -117,16 +118,18 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     return Prediction(**pred, notes=tuple(notes))
 
 
+# Without configured SLOs the tier comparison uses these interactive-chat defaults (documented in
+# docs/scores.md; `slo:` in the config or per target overrides them).
+DEFAULT_SLO = {"ttft": 2.0, "tpot": 0.150}
+
+
 def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
                  prices: Mapping[str, float], notes: list[str]) -> dict[str, Any]:
-    """TPOT at the observed load and per batch, sustainable rate and tier ranking, from the
-    performance model and optimiser when they are available in this build."""
+    """TPOT at the observed load, the replica's sustainable rate at the SLOs, the spec-decode
+    speed-up and the tier ranking, from `exporter.model.perf` and `exporter.model.optimizer`."""
     out: dict[str, Any] = {}
-    try:
-        from exporter.model import perf
-        from exporter.model.traffic import SLO, Traffic
-    except ImportError:
-        return out
+    from exporter.model.traffic import SLO, Traffic
+
     prompt, output = traffic.get("prompt_mean"), traffic.get("output_mean")
     if not prompt or not output or prompt < 1 or output < 1:
         return out
@@ -135,37 +138,78 @@ def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, f
                      prompt_tokens_p99=traffic.get("prompt_p99"), output_tokens_p99=traffic.get("output_p99"),
                      arrival_rate_rps=traffic.get("arrival_rps") or None,
                      prefix_hit_ratio=min(0.99, max(0.0, traffic.get("prefix_hit_ratio") or 0.0)))
-        s = SLO(ttft_p99_s=slo.get("ttft"), tpot_p99_s=slo.get("tpot"))
+        s = SLO(ttft_p99_s=slo.get("ttft") or DEFAULT_SLO["ttft"], tpot_p99_s=slo.get("tpot") or DEFAULT_SLO["tpot"])
     except InputError as exc:
         notes.append(f"calculator traffic: {exc}")
         return out
-    predict_fn = getattr(perf, "predict", None)
-    if predict_fn is not None:
-        try:
-            running = traffic.get("running_mean")
-            if running and running >= 1:
-                p = predict_fn(setup, tr, concurrency=max(1, int(round(running))))
-                out["tpot_s"] = float(getattr(p, "tpot_s"))
-            for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512):
-                p = predict_fn(setup, tr, concurrency=b)
-                out.setdefault("tpot_at", {})[b] = float(getattr(p, "tpot_s"))
-        except (InputError, AttributeError, TypeError, ValueError, ZeroDivisionError) as exc:
-            notes.append(f"calculator latency: {exc}")
     try:
-        from exporter.model import optimizer  # type: ignore[attr-defined]
-    except ImportError:
-        optimizer = None
-    if optimizer is not None and hasattr(optimizer, "rank_tiers") and tr.arrival_rate_rps:
+        per_pos = traffic.get("spec_per_position")
+        out.update(_latency(setup, tr, s, traffic.get("running_mean"), traffic.get("spec_k"),
+                            tuple(per_pos) if per_pos else None, traffic.get("spec_draft_cost")))
+    except (InputError, ArithmeticError, ValueError) as exc:
+        notes.append(f"calculator latency: {exc}")
+    if tr.arrival_rate_rps:
         try:
-            tiers = optimizer.rank_tiers(setup, tr, s, prices=dict(prices))
-            out["tiers"] = tuple(_tier(t) for t in tiers if _tier(t).meets_slo)
-            cur = [t for t in tiers if _tier(t).gpu == setup.gpu.name and _tier(t).tp == setup.tp]
-            if cur:
-                c = _tier(cur[0])
-                out["current_meets_slo"] = c.meets_slo and c.replicas <= 1
-        except (InputError, TypeError, ValueError, AttributeError) as exc:
+            tiers = _rank(setup.model, _coarse(tr), s, tuple(sorted(prices.items())), setup.quantization,
+                          setup.kv_cache_dtype, setup.vllm_version, setup.gpu.name)
+            out["tiers"] = tuple(_tier(t) for t in tiers if t.meets_slo)
+        except (InputError, ArithmeticError, ValueError) as exc:
             notes.append(f"calculator tiers: {exc}")
     return out
+
+
+def _coarse(tr: Any) -> Any:
+    """The traffic on a 25% grid for the tier ranking (the costly call): tiers are priced in whole
+    GPUs and replicas, so finer changes rarely move the answer, and steady traffic hits the cache."""
+    from dataclasses import replace as _replace
+
+    def snap(v: float | None) -> float | None:
+        if v is None or v <= 0:
+            return v
+        return float(f"{1.25 ** math.ceil(math.log(v) / math.log(1.25) - 1e-9):.4g}")
+    return _replace(tr, prompt_tokens_mean=max(1.0, snap(tr.prompt_tokens_mean)),
+                    output_tokens_mean=max(1.0, snap(tr.output_tokens_mean)),
+                    prompt_tokens_p99=snap(tr.prompt_tokens_p99), output_tokens_p99=snap(tr.output_tokens_p99),
+                    arrival_rate_rps=snap(tr.arrival_rate_rps),
+                    prefix_hit_ratio=min(0.9, round(tr.prefix_hit_ratio, 1)))
+
+
+# GeForce cards: their licence excludes datacenter deployment, so a datacenter server is never
+# told to move to one (a server already on one may be told to move between them).
+CONSUMER_GPUS = ("RTX-3090-24GB", "RTX-4090-24GB")
+
+
+@lru_cache(maxsize=1024)
+def _latency(setup: Any, tr: Any, s: Any, running: float | None, k: float | None,
+             per_pos: tuple[float, ...] | None, draft_cost: float | None) -> dict[str, Any]:
+    from exporter.model import optimizer, perf
+    out: dict[str, Any] = {}
+    if running and running >= 1:
+        out["tpot_s"] = float(perf.predict(setup, tr, concurrency=max(1, int(round(running)))).tpot_s)
+    out["tpot_at"] = {b: float(perf.predict(setup, tr, concurrency=b).tpot_s)
+                      for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+                      if b <= setup.max_num_seqs}
+    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s)
+    out["current_max_rps"] = float(rate) if rate > 0 else None
+    out["capacity_batch"] = int(b_cap) if b_cap else None
+    if k and k >= 1:
+        from exporter.model.spec_decode import SpecConfig, gain
+        spec = SpecConfig(num_tokens=int(round(k)), alpha=0.0, per_position=per_pos, draft_cost=draft_cost)
+        ctx = tr.prompt_tokens_mean + tr.output_tokens_mean / 2.0
+        out["spec_speedup"] = float(gain(setup, spec, int(max(1, round(running or 1))), ctx).speedup)
+        if b_cap:
+            out["spec_speedup_at_capacity"] = float(gain(setup, spec, int(b_cap), ctx).speedup)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None, kv_dtype: str,
+          version: tuple, current_gpu: str) -> tuple:
+    from exporter.model import optimizer
+    from exporter.model.gpus import GPUS
+    gpus = [g for g in GPUS if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
+    return tuple(optimizer.rank_tiers(model, tr, slo, gpus=gpus, prices=dict(prices), quantization=quantization,
+                                      kv_cache_dtype=kv_dtype, vllm_version=version))
 
 
 def _tier(t: Any) -> TierOption:

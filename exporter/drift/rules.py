@@ -30,13 +30,16 @@ LEVELS: dict[str, tuple[float, float]] = {
     "enable_prefix_caching": (0.05, 0.30),
     "kv_cache_dtype": (0.02, 0.15),
     "idle_capacity": (0.85, 0.97),
-    "tier_misplacement": (0.25, 0.60),
+    "tier_misplacement": (0.30, 0.60),
 }
 
 KV_FULL = 0.90          # usage at which new blocks start to run out (a request needs several)
 KV_SAFE = 0.90          # share of the pool a recommendation may plan to fill
 KV_FREE = 0.80          # below this KV is not what limits admission
 QUEUE_MIN = 0.5         # mean waiting requests that count as a sustained queue
+# Without a configured TPOT SLO, a batch is only grown while TPOT p99 stays under this
+# interactive-chat bound (~7 tokens/s per stream is the slowest comfortable reading speed).
+DEFAULT_TPOT_SLO = 0.150
 DEFAULT_MAX_NUM_SEQS = 256   # vLLM V1 default on GPUs < 70 GiB (and always before 0.9)
 # CUDA-graph capture sizes of vLLM V1 (1, 2, 4, 8, then steps of 8 to 256, then 16): a batch
 # between two sizes runs padded to the next one, so recommendations land on these.
@@ -211,10 +214,15 @@ def rule_max_num_seqs(x: DriftInput) -> list[Finding]:
         out.append(_finding("max_num_seqs", score, expl, parameter="max_num_seqs",
                             configured=configured, recommended=rec, binding="tpot_slo"))
         return out
-    # too low: a queue while KV is free, no preemption and TPOT within its SLO
+    # too low: a queue while KV is free, no preemption and TPOT within its SLO (without an SLO,
+    # within the interactive default); not while harmful speculation explains the slow batch
     if (x.waiting_mean is not None and x.waiting_mean >= QUEUE_MIN and x.kv_usage_max is not None
             and x.kv_usage_max < KV_FREE and not (x.preemptions_ps or 0) and configured):
-        if x.slo_tpot_s is not None and x.tpot_p99 is not None and x.tpot_p99 > 0.9 * x.slo_tpot_s:
+        slo_tpot = x.slo_tpot_s if x.slo_tpot_s is not None else DEFAULT_TPOT_SLO
+        if x.tpot_p99 is not None and x.tpot_p99 > 0.9 * slo_tpot:
+            return out
+        sp = spec_speedup_estimate(x) if x.spec_k else None
+        if sp is not None and sp < 1.0:
             return out
         demand = (x.running_mean or 0.0) + x.waiting_mean
         bounds = [b for b in (kb, tb) if b is not None]
@@ -346,18 +354,42 @@ def rule_max_num_batched_tokens(x: DriftInput) -> list[Finding]:
                      configured=budget, recommended=rec, binding="ttft_slo")]
 
 
+SPEC_LOW_ACCEPTANCE = 0.5   # accepted tokens per draft below which speculation is judged at capacity
+
+
+def spec_batch(x: DriftInput) -> tuple[float, str]:
+    """The batch speculation is judged at: the running batch when acceptance is healthy; with low
+    acceptance (< 0.5 tokens gained per step, at most a 1.5x gain even at batch 1) the batch the
+    replica runs at capacity, because that is where the achievable goodput is decided and where
+    verification of rejected drafts costs most."""
+    low = x.spec_mean_accepted is not None and x.spec_mean_accepted < SPEC_LOW_ACCEPTANCE
+    if not low:
+        return max(1.0, x.running_mean or 1.0), "running"
+    cap = x.prediction.capacity_batch
+    if cap is None:
+        seqs = x.max_num_seqs or configured_max_num_seqs(x)[0] or DEFAULT_MAX_NUM_SEQS
+        kb = kv_bound(x)
+        cap = min(seqs, kb) if kb else seqs
+    return max(float(cap), x.running_mean or 1.0), "capacity"
+
+
 def spec_speedup_estimate(x: DriftInput) -> float | None:
-    """Leviathan's improvement factor E[tokens] / (k c + verify), with the verification cost
-    from the calculator when it knows the setup, else from the batch: at a running batch b the
-    k extra tokens per request cost about min(1, b / 64) of a step each (compute-bound beyond
-    about 64 sequences on current GPUs) [derived, perf-model.md section 5]."""
-    if x.prediction.spec_speedup is not None:
-        return x.prediction.spec_speedup
+    """Leviathan's improvement factor E[tokens] / (k c + verify) at the batch `spec_batch`
+    chooses: from the calculator when it knows the setup, else from the batch: k extra tokens
+    per request cost about min(1, b / 64) / 2 of a step each (decode turns compute-bound near 64
+    sequences on current GPUs) plus a drafter cost of 0.05 per token [derived, perf-model.md
+    section 5]."""
+    _, where = spec_batch(x)
+    p = x.prediction
+    if where == "capacity" and p.spec_speedup_at_capacity is not None:
+        return p.spec_speedup_at_capacity
+    if where == "running" and p.spec_speedup is not None:
+        return p.spec_speedup
     if x.spec_mean_accepted is None or not x.spec_k:
         return None
+    b, _ = spec_batch(x)
     k = x.spec_k
     tokens = 1.0 + x.spec_mean_accepted
-    b = x.running_mean or 1.0
     verify = 1.0 + k * min(1.0, b / 64.0) * 0.5
     draft = 0.05 * k
     return tokens / (verify + draft)
@@ -372,13 +404,17 @@ def rule_speculative_decoding(x: DriftInput) -> list[Finding]:
                                                     "spec_decode_num_drafts_total")]
     if sp >= 1.0:
         return []
+    b, where = spec_batch(x)
     score = 1.0 - sp
     expl = (f"{x.spec_k:.0f} speculative tokens per step are accepted at "
-            f"{_pct(x.spec_acceptance)} ({x.spec_mean_accepted:.2f} tokens per draft) at a batch of "
-            f"{(x.running_mean or 0):.0f}: verification costs more than it saves "
-            f"(estimated speed-up {sp:.2f}x); turn speculative decoding off or lower k.")
+            f"{_pct(x.spec_acceptance)} ({x.spec_mean_accepted:.2f} tokens per draft); at "
+            + (f"the running batch of {b:.0f}" if where == "running" else
+               f"the batch of {b:.0f} this replica runs at capacity")
+            + f" verification costs more than it saves (estimated speed-up {sp:.2f}x); "
+              f"turn speculative decoding off or lower k.")
     return [_finding("speculative_decoding", score, expl, parameter="speculative_decoding",
-                     configured=x.spec_k, recommended=0, binding="verify_cost")]
+                     configured=x.spec_k, recommended=0,
+                     binding="verify_cost" if where == "running" else "low_acceptance")]
 
 
 def rule_enable_prefix_caching(x: DriftInput) -> list[Finding]:
@@ -477,7 +513,10 @@ def rule_tier_misplacement(x: DriftInput) -> list[Finding]:
         return []
     best = p.tiers[0]
     cur = p.current_cost_per_hour
-    if p.current_meets_slo is False and best.dollars_per_hour >= cur:
+    # "cannot meet": only against SLOs the operator set, and only when observed (not predicted)
+    missed = ((x.slo_tpot_s is not None and x.tpot_p99 is not None and x.tpot_p99 > x.slo_tpot_s)
+              or (x.slo_ttft_s is not None and x.ttft_p99 is not None and x.ttft_p99 > x.slo_ttft_s))
+    if missed and (best.gpu != x.gpu or best.tp != x.tp) and best.dollars_per_hour >= cur:
         expl = (f"{x.gpu} x{x.tp} cannot meet the SLOs at the observed load; {best.gpu} x{best.tp} "
                 f"x{best.replicas} replicas can for ${best.dollars_per_hour:.2f}/h.")
         return [_finding("tier_misplacement", 0.5, expl, configured=x.gpu, recommended=best.gpu,
