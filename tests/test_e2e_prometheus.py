@@ -297,3 +297,28 @@ def test_instance_variable_maps_each_daemon_target_to_its_vllm_series(stack):
         inst = rx.match(t).group(1)
         assert inst in {f"127.0.0.1:{p}" for p in stack["sims"].values()}
         assert query(stack["prom"], f'instance_model:vllm_num_requests_running:sum{{instance="{inst}"}}'), t
+
+
+def test_tier_misplacement_alert_joins_real_daemon_series(stack):
+    """VLLMDriftTierMisplacement joins waste and misplacement score with group_left: on the
+    daemon's real series it must fire for the wrong-tier server (with both GPU labels) and not
+    for the healthy one."""
+    wrong = f"http://127.0.0.1:{stack['sims']['wrong-tier']}"
+    healthy = f"http://127.0.0.1:{stack['sims']['healthy']}"
+
+    def tier_alerts(target: str) -> list[dict]:
+        return [a for _, a in list(stack["receiver"].alerts)
+                if a["labels"].get("alertname") == "VLLMDriftTierMisplacement" and a["labels"].get("target") == target]
+
+    end = time.monotonic() + ALERT_WAIT_S
+    while time.monotonic() < end and not tier_alerts(wrong):
+        time.sleep(1)
+    got = tier_alerts(wrong)
+    assert got, "no VLLMDriftTierMisplacement delivered for the wrong-tier server\n" + stack["stack"].logs()
+    labels = got[0]["labels"]
+    assert labels["current_gpu"] and labels["recommended_gpu"] and labels["current_gpu"] != labels["recommended_gpu"]
+    waste = query(stack["prom"], f'vllm_drift_estimated_waste_dollars_per_hour{{target="{wrong}"}}')
+    assert waste and float(waste[0]["value"][1]) > 1.0
+    shown = re.search(r"estimated waste \$(\d+\.\d\d)/hour", got[0]["annotations"]["description"])
+    assert shown and float(shown.group(1)) > 1.0, got[0]["annotations"]["description"]
+    assert tier_alerts(healthy) == []
