@@ -207,3 +207,17 @@ def test_http_python_process_families_match_too(version, capture, max_model_len,
     busy = "idle" not in capture
     ours = others(simulated(version, max_model_len, max_num_seqs, busy=busy))
     assert ours == real
+
+
+def test_08_era_has_old_names_and_counts_prefix_blocks():
+    """0.8.x-0.9.1 (no capture available; from the reference): gpu_cache_usage_perc only, and the
+    prefix-cache counters in blocks, so they are the token counts of 0.11 divided by block size."""
+    old = {f.name: f for f in text_string_to_metric_families(simulated("0.8.5", 4096, 64))}
+    new = {f.name: f for f in text_string_to_metric_families(simulated("0.11.0", 4096, 64))}
+    assert "vllm:gpu_cache_usage_perc" in old and "vllm:kv_cache_usage_perc" not in old
+    assert "vllm:prefix_cache_queries" not in old
+    blocks = old["vllm:gpu_prefix_cache_queries"].samples[0].value
+    tokens = new["vllm:prefix_cache_queries"].samples[0].value
+    assert tokens > 0 and blocks == tokens // 16
+    assert set(old["vllm:cache_config_info"].samples[0].labels) >= {"engine", "num_gpu_blocks",
+                                                                    "prefix_caching_hash_algo"}

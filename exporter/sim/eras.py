@@ -218,6 +218,24 @@ FAMILIES_V1_0101 = (
     *_COMMON_REQ, _H_TTFT, _H_TPOT_OLD, *_LAT_TAIL, _CACHE_INFO,
 )
 
+# 0.8.x-0.9.1 (V1 default, before the kv_cache_usage_perc / prefix_cache_* renames): derived from
+# the reference (§2.3 prefix counters counted blocks until 0.9.0, §3.3-3.4) -- no capture of this
+# era is available, so names and HELP texts here are [unverified] beyond what the V1 logger of the
+# later captures shares with it.
+FAMILIES_V1_085 = (
+    _RUNNING_V1, _WAITING,
+    Family("vllm:gpu_cache_usage_perc", G, "GPU KV-cache usage. 1 means 100 percent usage.",
+           "g:kv_usage"),
+    Family("vllm:gpu_prefix_cache_queries", C,
+           "GPU prefix cache queries, in terms of number of queried blocks.", "c:prefix_query_blocks"),
+    Family("vllm:gpu_prefix_cache_hits", C,
+           "GPU prefix cache hits, in terms of number of cached blocks.", "c:prefix_hit_blocks"),
+    _PREEMPT, _PROMPT, _GEN,
+    Family("vllm:request_success", C, "Count of successfully processed requests.",
+           samples=_success(("stop", "length", "abort"))),
+    *_COMMON_REQ, _H_TTFT, _H_TPOT_OLD, *_LAT_TAIL, _CACHE_INFO,
+)
+
 FAMILIES_V1_0110 = (
     _RUNNING_V1, _WAITING, _KV, _PQ, _PH, _PREEMPT, _PROMPT, _GEN,
     Family("vllm:request_success", C, "Count of successfully processed requests.",
@@ -299,6 +317,10 @@ CACHE_LABELS_0101 = ("block_size", "cache_dtype", "calculate_kv_scales", "cpu_kv
                      "mamba_page_size_padded", "mamba_ssm_cache_dtype", "num_cpu_blocks",
                      "num_gpu_blocks", "num_gpu_blocks_override", "prefix_caching_hash_algo",
                      "sliding_window", "swap_space", "swap_space_bytes")                  # ✔
+CACHE_LABELS_085 = ("block_size", "cache_dtype", "calculate_kv_scales", "cpu_offload_gb",
+                    "enable_prefix_caching", "gpu_memory_utilization", "is_attention_free",
+                    "num_cpu_blocks", "num_gpu_blocks", "num_gpu_blocks_override",
+                    "prefix_caching_hash_algo", "sliding_window", "swap_space", "swap_space_bytes")
 CACHE_LABELS_0110 = tuple(sorted(CACHE_LABELS_0101 + ("kv_cache_memory_bytes",)))        # ✔
 CACHE_LABELS_032 = (                                                                        # ✔
     "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens",
@@ -318,7 +340,7 @@ class Era:
     """One exposition era: which vLLM versions it stands for and how their /metrics look."""
 
     key: str
-    first: tuple[int, int]           # first (major, minor) this era stands for
+    first: tuple[int, int, int]      # first release this era stands for
     v1: bool                         # V1 engine: `engine` label, `_created` series
     families: tuple[Family, ...]
     cache_labels: tuple[str, ...]
@@ -330,11 +352,12 @@ class Era:
 
 
 ERAS = (
-    Era("0.7", (0, 0), False, FAMILIES_V0_07, CACHE_LABELS_V0_07, True, True, SPEC_V0,
+    Era("0.7", (0, 0, 0), False, FAMILIES_V0_07, CACHE_LABELS_V0_07, True, True, SPEC_V0,
         python_process=False),
-    Era("0.10.1", (0, 9), True, FAMILIES_V1_0101, CACHE_LABELS_0101, False, False),
-    Era("0.11.0", (0, 11), True, FAMILIES_V1_0110, CACHE_LABELS_0110, False, False),
-    Era("0.32", (0, 12), True, FAMILIES_V1_032, CACHE_LABELS_032, False, False,
+    Era("0.8", (0, 8, 0), True, FAMILIES_V1_085, CACHE_LABELS_085, False, False),
+    Era("0.10.1", (0, 9, 2), True, FAMILIES_V1_0101, CACHE_LABELS_0101, False, False),
+    Era("0.11.0", (0, 11, 0), True, FAMILIES_V1_0110, CACHE_LABELS_0110, False, False),
+    Era("0.32", (0, 12, 0), True, FAMILIES_V1_032, CACHE_LABELS_032, False, False,
         iteration_tokens_computed_only=True),
 )
 
@@ -350,9 +373,9 @@ def parse_version(text: str) -> tuple[int, int, int]:
 def era_for(version: str) -> Era:
     """The era whose exposition a server of `version` shows (nearest era at or below it;
     versions before 0.8 run the V0 engine by default)."""
-    major, minor, _ = parse_version(version)
+    v = parse_version(version)
     chosen = ERAS[0]
     for era in ERAS:
-        if (major, minor) >= era.first:
+        if v >= era.first:
             chosen = era
     return chosen

@@ -85,6 +85,7 @@ class Renderer:
         self._base_model = [("model_name", model_name)]
         self._base_engine = base
         spec_enabled = spec_tokens > 0
+        block_size = int(cache_config.get("block_size", "16") or 16)
         extra = {
             "g:hit_rate": (lambda m: (m.counters["prefix_hits"] / m.counters["prefix_queries"])
                            if m.counters["prefix_queries"] else
@@ -95,6 +96,9 @@ class Renderer:
                                   / (m.counters["spec_drafts"] * (spec_tokens + 1))
                                   if m.counters["spec_drafts"] else 0.0),
             "c:spec_emitted": lambda m: m.counters["spec_accepted"] + m.counters["spec_drafts"],
+            # 0.7.3-0.8.x V1 counted prefix-cache queries/hits in blocks
+            "c:prefix_query_blocks": lambda m: m.counters["prefix_queries"] // block_size,
+            "c:prefix_hit_blocks": lambda m: m.counters["prefix_hits"] // block_size,
         }
         self._extra = extra
         blocks: list[_Block] = []
@@ -368,7 +372,7 @@ def cache_config_values(era: Era, *, block_size: int, num_gpu_blocks: int,
         "cpu_kvcache_space_bytes": "None", "cpu_offload_gb": "0.0", "kv_sharing_fast_prefill": "False",
         "mamba_cache_dtype": "auto", "mamba_page_size_padded": "None",
         "mamba_ssm_cache_dtype": "float32" if era.key == "0.32" else "auto",
-        "prefix_caching_hash_algo": "sha256" if era.key != "0.10.1" else "builtin",
+        "prefix_caching_hash_algo": "builtin" if era.key in ("0.8", "0.10.1") else "sha256",
         "swap_space": "4.0", "swap_space_bytes": "4294967296.0",
         "kv_cache_memory_bytes": "None" if kv_cache_memory_bytes is None else str(kv_cache_memory_bytes),
         # 0.32-era additions (values as a real 0.32.0 server shows them)
