@@ -256,3 +256,28 @@ def test_spec_decode_and_prefix_cache_over_the_window():
     alone = observed_signals(b)
     assert alone["spec_decode_acceptance_rate"] == pytest.approx(390 / 900)
     assert alone["prefix_cache_hit_ratio"] == pytest.approx(1600 / 5000)
+
+
+def test_thinned_window_keeps_few_whole_snapshots_and_exact_rates():
+    w = Window(600)  # keep_every = 75 s
+    for i in range(120):  # 30 minutes of 15 s scrapes at a constant 40 prompt tokens/s
+        w.observe(snap(i * 15.0, prompt=600.0 * i, gen=10.0 * i, finished={"stop": i}, ttft=(i, i, i, i),
+                       running=float(i % 7)))
+        whole = w.snapshots()
+        assert len(whole) <= 600 / 75 + 2
+        assert whole[-1].timestamp == i * 15.0  # the newest is always whole
+    o = w.summary(119 * 15.0)
+    assert o.samples == 41  # entries inside the last 600 s, all counted for gauge statistics
+    assert 600 * 7 / 8 <= o.duration_s <= 600
+    assert o.prompt_tokens_per_s == pytest.approx(40.0)
+    runs = [float(i % 7) for i in range(79, 120)]
+    assert o.running_mean == pytest.approx(sum(runs) / len(runs))
+    assert o.running_max == max(runs)
+    # count-bounded windows keep a baseline too
+    w = Window(600, max_samples=16)
+    for i in range(100):
+        w.observe(snap(i * 15.0, prompt=600.0 * i, gen=i, finished={"stop": i}, ttft=(i, i, i, i)))
+        if i >= 1:
+            o = w.summary(i * 15.0)
+            assert o.prompt_tokens_per_s == pytest.approx(40.0)
+    assert o.duration_s >= (16 - 16 // 8 - 1) * 15

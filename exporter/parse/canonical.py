@@ -66,6 +66,20 @@ _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 READER = Reader(("vllm:", "ray_vllm"))
 
+# Snapshots of one target repeat the same family set and cache_config every scrape: share one
+# (read-only) object instead of holding a copy per snapshot in every window.
+_FAMILY_SETS: dict = {}
+_CONFIGS: dict = {}
+
+
+def _shared(cache: dict, key, value):
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = hit = value
+    return hit
+
 
 class _Acc:
     """Per-model accumulation over one scrape."""
@@ -230,7 +244,8 @@ def canonicalise(families: Iterable[Family], *, target: str, timestamp: float) -
     version = eras.guess_version(frozenset(names), era, frozenset(cache_config) if cache_rows else None,
                                  complete)
     version_str = str(version) or None
-    family_set = frozenset(names)
+    family_set = _shared(_FAMILY_SETS, frozenset(names), frozenset(names))
+    cache_config = _shared(_CONFIGS, tuple(cache_config.items()), cache_config)
     for model, acc in models.items():
         hists, hist_notes = built[model]
         gauges: dict[str, float] = {}

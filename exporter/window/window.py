@@ -6,7 +6,8 @@ still in the window, like PromQL's `rate()` / `histogram_quantile(rate(...))`.
 
 * Bounded: at most `max_samples` snapshots in a ring allocated once, and none older than
   `duration` seconds; gauge means and maxima are kept incrementally (running sums and monotonic
-  queues), so `observe()` costs the same whatever the window size.
+  queues), so `observe()` costs the same whatever the window size; intermediate snapshots are
+  thinned to their gauges (memory: ~10 whole snapshots per window, not one per scrape).
 * Resets: a counter or histogram count that went down, a new `_created` start time, a changed
   engine count or bucket layout all mean the server restarted (or its aggregation changed). A
   restart is not a negative rate: the window starts afresh from that snapshot and the summary
@@ -93,25 +94,36 @@ class Observed:
 
 
 class Window:
-    """The last `duration` seconds (and at most `max_samples` snapshots) of one served model."""
+    """The last `duration` seconds (and at most `max_samples` snapshots) of one served model.
 
-    __slots__ = ("duration", "max_samples", "_ring", "_head", "_size", "_seq", "_sums",
-                 "_counts", "_maxq", "_last", "_reset_at", "resets", "_max_running_seen")
+    Every snapshot's gauges count towards the window's means and maxima, but only some
+    snapshots are kept whole: the newest, and one at least every `keep_every` seconds (default
+    duration / 8) as baselines for rates and quantiles. A 10-minute window of 15 s scrapes thus
+    holds ~10 full snapshots instead of 40, and its rates cover between 7/8 of the window and
+    all of it (`Observed.duration_s` says how much). `keep_every=0` keeps every snapshot whole.
+    """
 
-    def __init__(self, duration: float, max_samples: int = 256) -> None:
+    __slots__ = ("duration", "max_samples", "keep_every", "_ring", "_head", "_size", "_seq",
+                 "_sums", "_counts", "_maxq", "_last", "_last_keeper", "_reset_at", "resets",
+                 "_max_running_seen")
+
+    def __init__(self, duration: float, max_samples: int = 256, keep_every: float | None = None) -> None:
         if duration <= 0 or max_samples < 2:
             raise ValueError("a window needs a positive duration and room for two snapshots")
         self.duration = float(duration)
         self.max_samples = int(max_samples)
-        self._ring: list[Snapshot | None] = [None] * self.max_samples
-        self._head = 0                      # index of the oldest snapshot
+        self.keep_every = self.duration / 8 if keep_every is None else float(keep_every)
+        # entries: (timestamp, tracked gauge values, Snapshot or None once thinned, keeper)
+        self._ring: list[tuple | None] = [None] * self.max_samples
+        self._head = 0                      # index of the oldest entry
         self._size = 0
-        self._seq = 0                       # snapshots ever kept; oldest has seq _seq - _size
+        self._seq = 0                       # entries ever added; the oldest has seq _seq - _size
         n = len(TRACKED_GAUGES)
         self._sums = [0.0] * n
         self._counts = [0] * n
         self._maxq: list[deque[tuple[int, float]]] = [deque() for _ in range(n)]
         self._last: Snapshot | None = None
+        self._last_keeper: tuple[float, int] | None = None  # (timestamp, seq) of the last keeper
         self._reset_at: float | None = None
         self.resets = 0
         self._max_running_seen: float | None = None
@@ -120,9 +132,10 @@ class Window:
         return self._size
 
     def snapshots(self) -> list[Snapshot]:
-        """Oldest first (a copy, for inspection and tests)."""
+        """The whole snapshots kept, oldest first (a copy); the newest is always among them."""
         ring, cap = self._ring, self.max_samples
-        return [ring[(self._head + i) % cap] for i in range(self._size)]  # type: ignore[misc]
+        entries = (ring[(self._head + i) % cap] for i in range(self._size))
+        return [e[2] for e in entries if e[2] is not None]  # type: ignore[index]
 
     # ------------------------------------------------------------------ updates
     def observe(self, snap: Snapshot) -> bool:
@@ -147,14 +160,26 @@ class Window:
         return True
 
     def _push(self, snap: Snapshot) -> None:
-        idx = (self._head + self._size) % self.max_samples
-        self._ring[idx] = snap
+        cap = self.max_samples
+        if self._size:
+            prev_idx = (self._head + self._size - 1) % cap
+            prev = self._ring[prev_idx]
+            if prev is not None and not prev[3] and prev[2] is not None:
+                self._ring[prev_idx] = (prev[0], prev[1], None, False)  # thin it to its gauges
+        ts = snap.timestamp
+        # keepers at least every keep_every seconds and every max_samples/8 entries, so that
+        # whichever bound evicts, a whole baseline stays near the oldest end
+        keeper = (self._last_keeper is None or ts - self._last_keeper[0] >= self.keep_every
+                  or self._seq - self._last_keeper[1] >= max(1, self.max_samples // 8))
+        if keeper:
+            self._last_keeper = (ts, self._seq)
+        gauges = snap.gauges
+        values = tuple(gauges.get(key) for key in TRACKED_GAUGES)
+        self._ring[(self._head + self._size) % cap] = (ts, values, snap, keeper)
         self._size += 1
         seq = self._seq
         self._seq += 1
-        gauges = snap.gauges
-        for i, key in enumerate(TRACKED_GAUGES):
-            v = gauges.get(key)
+        for i, v in enumerate(values):
             if v is None or math.isnan(v):
                 continue
             self._sums[i] += v
@@ -165,12 +190,10 @@ class Window:
             q.append((seq, v))
 
     def _evict_oldest(self) -> None:
-        snap = self._ring[self._head]
-        assert snap is not None
+        entry = self._ring[self._head]
+        assert entry is not None
         seq = self._seq - self._size
-        gauges = snap.gauges
-        for i, key in enumerate(TRACKED_GAUGES):
-            v = gauges.get(key)
+        for i, v in enumerate(entry[1]):
             if v is None or math.isnan(v):
                 continue
             self._sums[i] -= v
@@ -185,7 +208,7 @@ class Window:
             self._zero_stats()
 
     def _evict_before(self, cutoff: float) -> None:
-        while self._size and self._ring[self._head].timestamp < cutoff:  # type: ignore[union-attr]
+        while self._size and self._ring[self._head][0] < cutoff:  # type: ignore[index]
             self._evict_oldest()
 
     def _zero_stats(self) -> None:
@@ -199,6 +222,7 @@ class Window:
         while self._size:
             self._evict_oldest()
         self._max_running_seen = None
+        self._last_keeper = None
 
     # ------------------------------------------------------------------ reading
     def summary(self, now: float) -> Observed:
@@ -211,8 +235,13 @@ class Window:
         if self._size == 0:
             return Observed(target, model, now, 0, 0.0, reset, self.resets)
         ring, cap = self._ring, self.max_samples
-        first: Snapshot = ring[self._head]  # type: ignore[assignment]
-        newest: Snapshot = ring[(self._head + self._size - 1) % cap]  # type: ignore[assignment]
+        first: Snapshot | None = None
+        for i in range(self._size):
+            first = ring[(self._head + i) % cap][2]  # type: ignore[index]
+            if first is not None:
+                break
+        newest: Snapshot = ring[(self._head + self._size - 1) % cap][2]  # type: ignore[index]
+        assert first is not None and newest is not None
         dt = newest.timestamp - first.timestamp
         gauge_stats = {}
         for i, key in enumerate(TRACKED_GAUGES):
@@ -223,7 +252,7 @@ class Window:
                     reset=reset, resets=self.resets, kv_usage_mean=kv[0], kv_usage_max=kv[1],
                     running_mean=running[0], running_max=running[1], waiting_mean=waiting[0],
                     waiting_max=waiting[1], max_running_seen=self._max_running_seen)
-        if self._size < 2 or dt <= 0:
+        if dt <= 0:
             return Observed(**base)
         return Observed(**base, **_deltas(first, newest, dt))
 
