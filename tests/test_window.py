@@ -281,3 +281,15 @@ def test_thinned_window_keeps_few_whole_snapshots_and_exact_rates():
             o = w.summary(i * 15.0)
             assert o.prompt_tokens_per_s == pytest.approx(40.0)
     assert o.duration_s >= (16 - 16 // 8 - 1) * 15
+
+
+def test_gauges_only_snapshots_are_not_rate_baselines():
+    # what a state file restores between its first and last whole snapshots
+    w = Window(600, keep_every=0)
+    w.observe(Snapshot(target="t", model_name="m", timestamp=0.0, engine_era="v1",
+                       gauges={"num_requests_running": 3.0}))
+    w.observe(snap(15.0, prompt=100, gen=10, finished={"stop": 1}, ttft=(1, 1, 1, 1), running=5))
+    w.observe(snap(45.0, prompt=1300, gen=40, finished={"stop": 4}, ttft=(2, 3, 4, 4), running=7))
+    o = w.summary(45.0)
+    assert o.prompt_tokens_per_s == pytest.approx(1200 / 30)
+    assert o.running_mean == pytest.approx(5.0) and o.samples == 3

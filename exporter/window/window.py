@@ -237,9 +237,14 @@ class Window:
         ring, cap = self._ring, self.max_samples
         first: Snapshot | None = None
         for i in range(self._size):
-            first = ring[(self._head + i) % cap][2]  # type: ignore[index]
-            if first is not None:
-                break
+            candidate = ring[(self._head + i) % cap][2]  # type: ignore[index]
+            if candidate is not None:
+                if first is None:
+                    first = candidate
+                # a gauges-only snapshot (restored from a state file) cannot be a baseline
+                if candidate.counters or candidate.histograms:
+                    first = candidate
+                    break
         newest: Snapshot = ring[(self._head + self._size - 1) % cap][2]  # type: ignore[index]
         assert first is not None and newest is not None
         dt = newest.timestamp - first.timestamp
