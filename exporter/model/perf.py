@@ -41,7 +41,8 @@ class Calibration:
                   prefill (admission, output processing, streaming), as measured by clients
     ttft_fixed_s  fixed client-visible overhead (HTTP, tokenisation, detokenisation)
     moe_flops_eff share of the dense GEMM efficiency an MoE grouped GEMM keeps in prefill
-    queue_factor  scale of the M/D/1 wait behind other requests' prefills (1 = Poisson arrivals)
+    queue_factor  closed loop: share of the other running requests whose prefill a new request
+                  waits behind (arrivals cluster when lengths are fixed)
     ttft_prefill_factor  a request's own prefill as its client sees it, relative to the prefill's
                   share of a busy mixed step (first-chunk scheduling, no overlap with decode)
     """
@@ -68,10 +69,13 @@ _FIT_SOURCE = ("fitted by benchmarks/accuracy_latency.py --fit on ../shared/fixt
 # Hopper is the only class with measured rows; the others start from the Hopper factors (the
 # physics — bandwidth, peak FLOPs, link — differs per GPU through the catalog) and say so.
 CALIBRATIONS: dict[str, Calibration] = {
-    "hopper": Calibration("hopper", bw_eff=0.80, flops_eff_bf16=0.30, flops_eff_fp8=0.35,
-                          flops_eff_fp4=0.35, step_overhead_s=0.003, layer_sync_s=15e-6,
-                          per_token_s=5e-6, ttft_steps=3.0, ttft_fixed_s=0.010,
-                          moe_flops_eff=0.6, queue_factor=1.0, ttft_prefill_factor=1.0,
+    # fitted 2026-11-22 on 258 rows (H100-SXM: Qwen3-32B bf16/fp8, Llama-3.1-70B fp8,
+    # gpt-oss-120b mxfp4; H200-SXM: Llama-3.1-70B fp8; c <= 256). FP4 GEMMs have no Hopper rows:
+    # the FP8 factor stands in for them on Blackwell.
+    "hopper": Calibration("hopper", bw_eff=0.883, flops_eff_bf16=0.578, flops_eff_fp8=0.577,
+                          flops_eff_fp4=0.577, step_overhead_s=1.18e-3, layer_sync_s=26.5e-6,
+                          per_token_s=8.7e-6, ttft_steps=3.95, ttft_fixed_s=0.0,
+                          moe_flops_eff=0.652, queue_factor=0.043, ttft_prefill_factor=0.975,
                           source=_FIT_SOURCE),
 }
 _UNFITTED_NOTE = "no measured rows for this class: Hopper factors applied to its own datasheet"
@@ -272,8 +276,14 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
         xr = x if rate is not None else n_new / max(ttft + a * tbar_new, 1e-9)
         own = cal.ttft_prefill_factor * (prefill - len(_chunks(prompt_new, max_batched_tokens - b * tokens_per_seq)) * t_d) \
             + len(_chunks(prompt_new, max_batched_tokens - b * tokens_per_seq)) * t_d
-        rho = min(xr * own, 0.95)
-        wait_p = cal.queue_factor * rho / (2.0 * (1.0 - rho)) * own
+        if rate is None:
+            # closed loop with fixed lengths: clients that started together finish together, so
+            # arrivals cluster and the prefills ahead of a new request grow with the number of
+            # clients, not with utilisation (fitted share `queue_factor` of them is ahead)
+            wait_p = cal.queue_factor * max(n_new - 1.0, 0.0) * own
+        else:
+            rho = min(xr * own, 0.95)  # Poisson arrivals: M/D/1 wait behind other prefills
+            wait_p = rho / (2.0 * (1.0 - rho)) * own
         ttft_new = cal.ttft_fixed_s + cal.ttft_steps * tbar_new + own + wait_p
         conv = abs(tbar_new - tbar) < 1e-7 * tbar and abs(ttft_new - ttft) < 1e-7 * max(ttft, 1e-9)
         tbar = 0.5 * tbar + 0.5 * tbar_new
@@ -283,14 +293,23 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
             break
     r_own = ttft + steps_out * tbar
     queue = 0.0
+    stall = 0.0
     if clients is not None:
         if clients > capacity:
-            queue = (clients / capacity - 1.0) * r_own
+            # more clients than the pool holds: by Little's law each request spends
+            # (clients/capacity - 1) x r_own waiting in all. V1 admits a request once its prompt's
+            # blocks are free and later preempts (recompute) the newest when decodes outgrow the
+            # pool, so that wait splits: the prompt's share of the footprint before the first
+            # token, the output's share as stalls between tokens.
+            total_wait = (clients / capacity - 1.0) * r_own
+            before = prompt_new / (prompt_new + out)
+            queue = before * total_wait
+            stall = (1.0 - before) * total_wait
             saturated = True
         x = min(clients, capacity) / r_own
     elif saturated:
         queue = math.inf
-    tpot = tbar / tokens_per_step
+    tpot = (tbar + (stall / steps_out if steps_out > 0 else 0.0)) / tokens_per_step
     return Operating(ttft_s=ttft + queue, tpot_s=tpot, requests_per_s=x,
                      output_tokens_per_s=x * out, step_time_s=tbar, running=n,
                      capacity=capacity, queue_wait_s=queue, prefill_s=prefill, saturated=saturated)
