@@ -88,6 +88,8 @@ class DriftInput:
     tpot_p50: float | None = None
     tpot_p99: float | None = None
     queue_p99: float | None = None
+    e2e_mean: float | None = None
+    itl_mean: float | None = None                 # ~ the engine step time while decoding
 
     # -- configuration the server reports
     num_gpu_blocks: float | None = None
@@ -140,6 +142,25 @@ class DriftInput:
             bs = self.block_size or 16.0
             return self.prompt_mean * (1.0 - hit) + self.output_mean / 2.0 + bs / 2.0
         return None
+
+    @property
+    def concurrency(self) -> float | None:
+        """Mean requests in service: the running gauge's mean, or Little's law (finished
+        requests/s x mean end-to-end time) when that is larger; gauges sampled at scrape
+        instants can miss short requests entirely."""
+        little = None
+        if self.arrival_rps is not None and self.e2e_mean is not None:
+            # e2e includes the queue: requests in the system minus those waiting
+            little = max(0.0, self.arrival_rps * self.e2e_mean - (self.waiting_mean or 0.0))
+        vals = [v for v in (self.running_mean, little) if v is not None]
+        return max(vals) if vals else None
+
+    @property
+    def busy_fraction(self) -> float | None:
+        """Share of the time the engine is stepping: steps/s x step time (~ inter-token latency)."""
+        if self.steps_ps is None or self.itl_mean is None:
+            return None
+        return min(1.0, self.steps_ps * self.itl_mean)
 
     @property
     def needed_len_p99(self) -> float | None:

@@ -472,9 +472,10 @@ def idle_ratio(x: DriftInput) -> tuple[float | None, str]:
     uses: list[tuple[float, str]] = []
     if x.kv_usage_mean is not None:
         uses.append((x.kv_usage_mean / KV_SAFE, "kv_cache"))
-    if x.running_mean is not None:
+    conc = x.concurrency
+    if conc is not None:
         seqs = x.max_num_seqs or configured_max_num_seqs(x)[0] or DEFAULT_MAX_NUM_SEQS
-        uses.append((x.running_mean / seqs, "max_num_seqs"))
+        uses.append((conc / seqs, "max_num_seqs"))
     if x.prediction.current_max_rps and x.arrival_rps is not None:
         uses.append((x.arrival_rps / x.prediction.current_max_rps, "throughput"))
     if x.waiting_mean and x.waiting_mean >= QUEUE_MIN:
@@ -492,14 +493,22 @@ def rule_idle_capacity(x: DriftInput) -> list[Finding]:
     warn, _ = LEVELS["idle_capacity"]
     if ratio < 0.5 * warn:
         return []
+    # Without the throughput model (no GPU hint) a busy engine's compute headroom is unknown:
+    # KV and batch slots may be idle while the device is not. Then only `info`.
+    busy = x.busy_fraction
+    sev = None
+    if x.prediction.current_max_rps is None and busy is not None and busy >= 0.9:
+        sev = "info"
     waste = ""
     cost = x.prediction.current_cost_per_hour
     if cost:
         waste = f"; about ${cost * ratio:.2f}/h of the ${cost:.2f}/h replica buys unused capacity"
-    expl = (f"{_pct(ratio)} of the sustainable capacity is unused: {x.running_mean or 0:.1f} requests "
+    expl = (f"{_pct(ratio)} of the sustainable capacity is unused: {x.concurrency or 0:.1f} requests "
             f"run on average, KV usage averages {_pct(x.kv_usage_mean)} (most used resource: "
-            f"{what}){waste}; consolidate replicas or move to a smaller tier.")
-    return [_finding("idle_capacity", ratio, expl, binding=what)]
+            f"{what}){waste}; consolidate replicas or move to a smaller tier"
+            + (f" (the engine steps {_pct(busy)} of the time: compute headroom unknown without "
+               f"the GPU hint)" if sev else "") + ".")
+    return [_finding("idle_capacity", ratio, expl, binding=what, severity=sev)]
 
 
 def rule_tier_misplacement(x: DriftInput) -> list[Finding]:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from exporter.parse.snapshot import Histogram, Snapshot
 from exporter.window import Window
+from exporter.window.window import TRACKED_GAUGES
 
 MAX_SAVED = 32
 
@@ -61,11 +62,17 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> Snapshot:
 
 
 def thin(snaps: list[Snapshot], n: int = MAX_SAVED) -> list[Snapshot]:
+    """At most about `n` snapshots: evenly spaced, plus the one holding each gauge's maximum (so
+    the window's maxima survive exactly)."""
     if len(snaps) <= n:
         return list(snaps)
     step = (len(snaps) - 1) / (n - 1)
-    idx = sorted({round(i * step) for i in range(n)})
-    return [snaps[i] for i in idx]
+    idx = {round(i * step) for i in range(n)}
+    for key in TRACKED_GAUGES:
+        vals = [(s.gauges.get(key), i) for i, s in enumerate(snaps) if s.gauges.get(key) is not None]
+        if vals:
+            idx.add(max(vals)[1])
+    return [snaps[i] for i in sorted(idx)]
 
 
 def _light(s: Snapshot) -> dict[str, Any]:
