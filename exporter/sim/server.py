@@ -49,7 +49,7 @@ class Endpoint:
 
     def models(self) -> bytes:
         st = self.state
-        created = int(st.start_time)
+        created = int(time.time())
         return json.dumps({"object": "list", "data": [{
             "id": st.model_name, "object": "model", "created": created, "owned_by": "vllm",
             "root": st.scenario.model, "parent": None, "max_model_len": st.max_model_len,
@@ -58,10 +58,10 @@ class Endpoint:
                             "allow_create_engine": False, "allow_sampling": True,
                             "allow_logprobs": True, "allow_search_indices": False,
                             "allow_view": True, "allow_fine_tuning": False, "organization": "*",
-                            "group": None, "is_blocking": False}]}]}).encode()
+                            "group": None, "is_blocking": False}]}]}, separators=(",", ":")).encode()
 
     def version(self) -> bytes:
-        return json.dumps({"version": self.state.version}).encode()
+        return json.dumps({"version": self.state.version}, separators=(",", ":")).encode()
 
 
 def _response(status: str, body: bytes, ctype: bytes, *, gz: bool = False, keep: bool = True,
