@@ -118,9 +118,9 @@ def test_logged_pool_gives_the_logged_tokens():
 
 def test_non_kv_terms_track_the_measured_breakdown():
     for r in _breakdown_rows():
-        q = {"mxfp4": None, "gptq_marlin": None}.get(r["quantization"], None)
+        # the checkpoint id says the scheme (fp8-dynamic, w8a8, w4a16, gpt-oss's mxfp4)
         s = setup(r["model"], tp=int(r["tp"]), dtype=r["dtype"], kv_cache_dtype=r["kv_cache_dtype"],
-                  quantization=q, max_model_len=int(r["max_model_len"]),
+                  max_model_len=int(r["max_model_len"]),
                   gpu_memory_utilization=float(r["gpu_memory_utilization"]))
         if "runtime" in r["quantization"]:
             continue  # runtime fp8 of a bf16 checkpoint: the id does not say so

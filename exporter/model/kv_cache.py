@@ -13,6 +13,11 @@ vLLM computes it in two steps, and so do we:
    sliding window, chunked local, Mamba state), hybrid models grouped into equal-size groups
    sharing one pool (with padding layers), num_blocks = pool // (page x group size), then the
    minimum over TP ranks and PP stages. V0 (< 0.8) logged "# GPU blocks" from the same pool.
+
+Where it is weak: every constant comes from H100 runs of vLLM 0.19 (plus four late-2025 rows),
+so GPUs with vLLM's small batch defaults (256 sequences, 2048-token chunks), the V0 era, the
+v0.21+ CUDA-graph estimate and non-NVSwitch TP are physics-based extrapolations, and the
+multimodal encoder profile is not modelled beyond the tower weights.
 """
 from __future__ import annotations
 
