@@ -244,6 +244,7 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
     saturated = False
     for _ in range(60):
         r_own = ttft + steps_out * tbar
+        saturated = False
         if rate is not None:
             x = rate
             n_new = rate * r_own
@@ -258,7 +259,8 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
         done = 0.0
         extra = 0.0
         prefill = 0.0
-        for c in _chunks(prompt_new, max_batched_tokens - b * tokens_per_seq):
+        chunks = _chunks(prompt_new, max_batched_tokens - b * tokens_per_seq)
+        for c in chunks:
             t_p = step_time_shape(shape, cal, b, b * ctx, c, shared + done, tokens_per_seq=tokens_per_seq)
             prefill += t_p
             extra += t_p - t_d
@@ -274,15 +276,18 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
         else:
             tbar_new = t_d / (1.0 - min(x * extra, 0.95))
         xr = x if rate is not None else n_new / max(ttft + a * tbar_new, 1e-9)
-        own = cal.ttft_prefill_factor * (prefill - len(_chunks(prompt_new, max_batched_tokens - b * tokens_per_seq)) * t_d) \
-            + len(_chunks(prompt_new, max_batched_tokens - b * tokens_per_seq)) * t_d
+        # the request's own prefill steps as its client sees them
+        own = len(chunks) * t_d + cal.ttft_prefill_factor * extra
         if rate is None:
             # closed loop with fixed lengths: clients that started together finish together, so
             # arrivals cluster and the prefills ahead of a new request grow with the number of
             # clients, not with utilisation (fitted share `queue_factor` of them is ahead)
             wait_p = cal.queue_factor * max(n_new - 1.0, 0.0) * own
         else:
-            rho = min(xr * own, 0.95)  # Poisson arrivals: M/D/1 wait behind other prefills
+            rho = xr * own  # Poisson arrivals: M/D/1 wait behind other prefills
+            if rho >= 0.95 or x * extra >= 0.95:
+                saturated = True  # prefill work alone fills the GPU: the queue grows
+            rho = min(rho, 0.95)
             wait_p = rho / (2.0 * (1.0 - rho)) * own
         ttft_new = cal.ttft_fixed_s + cal.ttft_steps * tbar_new + own + wait_p
         conv = abs(tbar_new - tbar) < 1e-7 * tbar and abs(ttft_new - ttft) < 1e-7 * max(ttft, 1e-9)
@@ -309,6 +314,7 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
         x = min(clients, capacity) / r_own
     elif saturated:
         queue = math.inf
+        x = min(x, capacity / r_own)  # what the replica completes while the queue grows
     tpot = (tbar + (stall / steps_out if steps_out > 0 else 0.0)) / tokens_per_step
     return Operating(ttft_s=ttft + queue, tpot_s=tpot, requests_per_s=x,
                      output_tokens_per_s=x * out, step_time_s=tbar, running=n,
