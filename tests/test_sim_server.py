@@ -7,7 +7,6 @@ import asyncio
 import gzip
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys

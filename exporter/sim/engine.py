@@ -26,7 +26,7 @@ import math
 import random
 from bisect import bisect_left
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 # step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens) -> s
