@@ -76,37 +76,35 @@ def test_dockerfile_copy_sources_exist_and_are_not_ignored():
 
 
 def test_healthcheck_command_tells_healthy_from_down(tmp_path):
-    """Run the image's HEALTHCHECK command against a real loopback server on 9877."""
-    import http.server
+    """Run the image's HEALTHCHECK command against the real daemon on loopback."""
     import socket
-    import threading
+    import time
 
     (hc,) = [arg for op, arg in dockerfile() if op == "HEALTHCHECK"]
     argv = yaml.safe_load(hc.split("CMD", 1)[1].strip())  # JSON exec form
-    probe = socket.socket()
+    assert argv[0] == "python" and "127.0.0.1:9877" in argv[-1]
+    # same command, pointed at a free loopback port instead of the daemon's 9877
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [a.replace("127.0.0.1:9877", f"127.0.0.1:{port}") for a in argv]
+
+    daemon = shutil.which("vllm-drift", path=str(Path(sys.executable).parent)) or shutil.which("vllm-drift")
+    if daemon is None:
+        pytest.skip("vllm-drift console script not installed (pip install -e .)")
+    # the real daemon, one unreachable target: /-/healthy must still answer
+    proc = subprocess.Popen([daemon, "serve", "--listen", f"127.0.0.1:{port}", "--target",
+                             "http://127.0.0.1:9", "--duration", "60"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     try:
-        probe.bind(("127.0.0.1", 9877))
-    except OSError:
-        pytest.skip("port 9877 busy on this machine; the HEALTHCHECK hard-codes the daemon port")
+        deadline = time.monotonic() + 30
+        while subprocess.run([sys.executable, *argv[1:]], timeout=10, capture_output=True).returncode:
+            assert proc.poll() is None, "vllm-drift serve exited"
+            assert time.monotonic() < deadline, "HEALTHCHECK never passed against a running daemon"
+            time.sleep(0.5)
     finally:
-        probe.close()
-
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200 if self.path == "/-/healthy" else 404)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 9877), Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        assert subprocess.run([sys.executable, *argv[1:]], timeout=10).returncode == 0
-    finally:
-        server.shutdown()
-        server.server_close()
+        proc.terminate()
+        proc.wait(timeout=15)
     assert subprocess.run([sys.executable, *argv[1:]], timeout=10,
                           capture_output=True).returncode != 0
 
@@ -410,3 +408,19 @@ def test_readme_commands_refer_to_existing_paths():
         for tok in shlex.split(cmd):
             if tok.startswith(("deploy/", "grafana/", "rules/")):
                 assert (ROOT / tok.rstrip("/")).exists(), f"README refers to missing {tok}"
+
+
+def test_dashboards_configmap_is_generated_and_holds_the_dashboards():
+    import json
+
+    spec = importlib.util.spec_from_file_location("grafana_build_deploy", ROOT / "grafana" / "build.py")
+    gb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gb)
+    path = K8S / "grafana-dashboards.yaml"
+    assert path.read_text() == gb.render_configmap(gb.render()), "stale: run python grafana/build.py"
+    cm = yaml.safe_load(path.read_text())
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    files = {p.name: json.loads(p.read_text()) for p in (ROOT / "grafana" / "dashboards").glob("*.json")}
+    assert {k: json.loads(v) for k, v in cm["data"].items()} == files
+    # kubectl apply keeps the whole object in an annotation limited to 256 KiB
+    assert len(path.read_bytes()) < 200_000

@@ -322,3 +322,20 @@ def test_tier_misplacement_alert_joins_real_daemon_series(stack):
     shown = re.search(r"estimated waste \$(\d+\.\d\d)/hour", got[0]["annotations"]["description"])
     assert shown and float(shown.group(1)) > 1.0, got[0]["annotations"]["description"]
     assert tier_alerts(healthy) == []
+
+
+def test_every_shipped_rule_evaluates_without_error_on_real_series(stack):
+    """Matching errors (duplicate series in a group_left, many-to-many `or`) only show with
+    real label sets: every rule must report health ok once evaluated."""
+    end = time.monotonic() + 30
+    while True:
+        groups = get_json(f"{stack['prom']}/api/v1/rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        if all(r["health"] == "ok" for r in rules) or time.monotonic() > end:
+            break
+        time.sleep(1)
+    shipped = sum(len(g["rules"]) for f in ("prometheus_rules.yaml", "prometheus_alerts.yaml")
+                  for g in yaml.safe_load((ROOT / "rules" / f).read_text())["groups"])
+    assert len(rules) == shipped
+    bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert not bad, bad
