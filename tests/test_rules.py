@@ -240,3 +240,51 @@ def test_recording_rules_read_real_captures_of_every_era(capture, tmp_path):
     (tmp_path / "unit.yaml").write_text(yaml.safe_dump(unit, width=10000))
     res = _promtool("test", "rules", "unit.yaml", cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+def test_runbook_queries_parse_and_read_existing_metrics():
+    """The 'Confirm' queries in docs/runbooks.md are what an on-call engineer pastes: they must
+    be valid PromQL and read metrics that exist (ours, vLLM's, or Prometheus' own)."""
+    promql_parser = pytest.importorskip("promql_parser")
+    contract, catalogue = SHARED / "INTERFACE.md", SHARED / "reference" / "vllm-metrics.md"
+    text = (ROOT / "docs" / "runbooks.md").read_text()
+    blocks = re.findall(r"```promql\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 13
+    records = {r["record"] for r in _rules() if "record" in r}
+    families = set(re.findall(r"`(vllm_drift_\w+)", contract.read_text())) if contract.exists() else None
+    documented = catalogue.read_text() if catalogue.exists() else None
+    n = 0
+    for block in blocks:
+        for line in block.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if not line:
+                continue
+            expr = re.sub(r"<[^>]+>", "x", line)
+            try:
+                tree = promql_parser.parse(expr)
+            except Exception as exc:  # noqa: BLE001
+                pytest.fail(f"runbook query does not parse: {line}: {exc}")
+            n += 1
+            names: set[str] = set()
+
+            def walk(node):
+                if type(node).__name__ == "VectorSelector" and node.name:
+                    names.add(node.name)
+                for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
+                    child = getattr(node, attr, None)
+                    if child is not None and not isinstance(child, (str, int, float)):
+                        walk(child)
+                for child in getattr(node, "args", None) or []:
+                    walk(child)
+
+            walk(tree)
+            for m in names:
+                if m in records or m in {"up", "process_cpu_seconds_total"}:
+                    continue
+                if m.startswith("vllm_drift_") and families is not None:
+                    assert m in families, f"runbook reads {m}, not in INTERFACE.md"
+                elif m.startswith("vllm:") and documented is not None:
+                    assert f"`{re.sub(r'_(bucket|sum|count)$', '', m)}" in documented, m
+                elif not m.startswith(("vllm_drift_", "vllm:")):
+                    pytest.fail(f"runbook reads unknown metric {m}")
+    assert n >= 30
