@@ -8,7 +8,9 @@ and evaluated by the same `Evaluator` the daemon uses, every evaluation interval
 - per finding: precision (reports at warning or above that are in the scenario's ground truth or
   acceptable list, over all reports; acceptable ones count for neither side) and recall (ground
   truth findings reported at warning or above by the end of the run);
-- time from onset to detection, in evaluation intervals after the window first fills;
+- time from onset to detection, in evaluation intervals after the window first fills (onset: the
+  start for static scenarios; for a phase change, the change, or for kv_pressure the first
+  preemption after it, since long generations take a while to fill the cache);
 - false alarms (warning or above) on `healthy`.
 
 Usage: `python benchmarks/detection.py [--seeds 5] [--hints|--no-hints] [--json]`.
@@ -44,7 +46,8 @@ class Run:
     reported: set[str] = field(default_factory=set)          # warning+ at the end
     ever: set[str] = field(default_factory=set)              # warning+ at any evaluation after fill
     first_seen: dict[str, float] = field(default_factory=dict)   # finding -> sim seconds since start
-    onset_s: float = 0.0
+    onset_s: float = 0.0                                     # phase change (0: from the start)
+    cause_s: float | None = None                             # first preemption after the phase change
     statuses: list[str] = field(default_factory=list)
 
 
@@ -71,8 +74,17 @@ def run_scenario(name: str, seed: int, *, scrape_s: float = 2.0, eval_s: float =
     t = 0.0
     next_eval = eval_s
     latest = {}
+    base_preempt = None
     while t <= total + 1e-9:
         state.engine.advance_to(sc.warmup_s + t)
+        if t >= onset and onset > 0:
+            # a traffic change takes time to fill the KV cache: the cause starts at the first
+            # preemption after the change, not at the change itself
+            pre = state.engine.metrics.counters["preemptions"]
+            if base_preempt is None:
+                base_preempt = pre
+            elif run.cause_s is None and pre > base_preempt:
+                run.cause_s = t - onset
         for snap in parse_vllm(state.exposition(), target=url, timestamp=start + t):
             windows.setdefault(snap.model_name, Window(window_s)).observe(snap)
             latest[snap.model_name] = snap
@@ -105,8 +117,9 @@ def score(runs: Iterable[Run], eval_s: float, window_s: float) -> dict:
             per.setdefault(f, {"tp": 0, "fp": 0, "fn": 0})["fn"] += 1
         for f in truth:
             if f in r.first_seen:
-                # evaluation intervals after the window first filled (onset + window)
-                delays.setdefault(f, []).append((r.first_seen[f] - window_s) / eval_s)
+                # evaluation intervals after the window first filled (cause onset + window)
+                start = r.cause_s if (f == "kv_pressure" and r.cause_s is not None) else 0.0
+                delays.setdefault(f, []).append((r.first_seen[f] - start - window_s) / eval_s)
         if not r.ground_truth and r.ever:
             healthy_alarms += 1
     out = {"findings": {}, "healthy_false_alarms": healthy_alarms}
