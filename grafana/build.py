@@ -138,7 +138,7 @@ def v_datasource() -> dict:
 
 def v_query(name: str, label: str, query: str, *, regex: str = "", hide: int = 0) -> dict:
     return {"type": "query", "name": name, "label": label, "datasource": DS,
-            "definition": query, "query": {"query": query, "refId": f"{name}-query"},
+            "definition": query, "query": {"query": query, "refId": "StandardVariableQuery"},
             "refresh": 2, "regex": regex, "sort": 1, "hide": hide, "current": {},
             "options": [], "includeAll": True, "multi": True, "allValue": ".*"}
 
