@@ -178,8 +178,45 @@ def test_the_documented_scenario_format_is_valid():
     doc = textwrap.dedent(sim.__doc__.split("::", 1)[1])
     sc = parse_scenario(yaml.safe_load(doc), "exporter/sim/__init__.py")
     assert sc.flags.spec_tokens == 3 and sc.phases[1].at_s == 300
+    assert sc.restarts[0][0] == 480 and sc.restarts[0][1].gpu_memory_utilization == 0.8
+    assert sc.restarts[0][1].spec_tokens == 3      # the rest of the flags carry over
     assert sc.phases[0].traffic.burst_period_s == 30 and sc.phases[0].traffic.client_timeout_s == 600
     assert sc.phases[1].traffic.rate == 3.0 and sc.phases[1].traffic.max_tokens == 1024
     st = build(sc, seed=1)
     st.tick(5.0)
     assert st.engine.metrics.counters["steps"] > 0
+
+
+def test_a_phase_with_vllm_flags_is_a_redeploy(tmp_path):
+    """Config drift over time: at minute 2 the server restarts with a lower
+    gpu_memory_utilization -- counters start again from zero and cache_config_info changes."""
+    from prometheus_client.parser import text_string_to_metric_families
+    path = write(tmp_path, BASE.replace("traffic: {rate: 1}", "traffic: {rate: 0.5}")
+                 + "vllm: {max_model_len: 4096, gpu_memory_utilization: 0.9}\n"
+                 "phases:\n  - at: 2m\n    vllm: {gpu_memory_utilization: 0.8}\n")
+    sc = load_scenario(path)
+    assert len(sc.restarts) == 1 and sc.restarts[0][1].gpu_memory_utilization == 0.8
+    st = build(sc, seed=1, start_time=1.7e9)
+
+    def sample(name, label=None):
+        fams = {f.name: f for f in text_string_to_metric_families(st.exposition())}
+        s = fams[name].samples[0]
+        return s.labels[label] if label else s.value
+    st.tick(110.0)
+    gen_before = sample("vllm:generation_tokens")
+    blocks_before = int(sample("vllm:cache_config_info", "num_gpu_blocks"))
+    created_before = sample("vllm:generation_tokens_created")
+    st.tick(130.0)
+    assert sample("vllm:generation_tokens") < gen_before          # a counter reset
+    assert int(sample("vllm:cache_config_info", "num_gpu_blocks")) < blocks_before
+    assert sample("vllm:cache_config_info", "gpu_memory_utilization") == "0.8"
+    assert sample("vllm:generation_tokens_created") >= created_before + 119
+    st.tick(200.0)
+    assert st.sim_time == pytest.approx(200.0, abs=1.0) and sample("vllm:generation_tokens") > 0
+
+
+def test_a_redeploy_that_cannot_start_fails_at_load(tmp_path):
+    path = write(tmp_path, BASE + "vllm: {max_model_len: 4096}\n"
+                 "phases:\n  - at: 1m\n    vllm: {num_gpu_blocks: 8}\n")
+    with pytest.raises(InputError, match="redeploy"):
+        build(load_scenario(path))

@@ -35,9 +35,11 @@ Scenario file (YAML; built-ins in `scenarios/`, `vllm-drift simulate --scenario 
       max_tokens: 1024                 # request parameter (unset: fill the context, as vLLM does)
       shared_prefix: {tokens: 256, groups: 4, share: 0.6}
       client_timeout: 10m              # queued requests older than this are given up
-    phases:                            # traffic changes mid-run (keys merge over the previous phase)
+    phases:                            # changes mid-run (keys merge over the previous phase)
       - at: 5m
         traffic: {rate: 3.0}
+      - at: 8m                         # new vllm flags = a redeploy: the server restarts
+        vllm: {gpu_memory_utilization: 0.8}   # (counters reset, new cache_config_info)
     warmup: 120s                       # simulated before serving, so the first scrape is steady
     speed: 1.0                         # sim seconds per wall second (overridden by --speed)
     ground_truth: [kv_pressure]        # the findings this scenario contains (issue 5 names)

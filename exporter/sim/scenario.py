@@ -64,6 +64,7 @@ class Scenario:
     vllm_version: str = DEFAULT_VERSION
     quantization: str | None = None
     warmup_s: float = 0.0                      # sim time run before serving (a warm server)
+    restarts: tuple[tuple[float, VllmFlags], ...] = ()   # (sim time, new flags): a redeploy
 
     @property
     def model_name(self) -> str:
@@ -85,7 +86,7 @@ _TRAFFIC = {"rate", "arrival", "burst_factor", "burst_fraction", "burst_period",
             "client_timeout"}
 _DIST = {"mean", "kind", "cv", "min", "max"}
 _PREFIX = {"tokens", "groups", "share"}
-_PHASE = {"at", "traffic"}
+_PHASE = {"at", "traffic", "vllm"}
 
 
 class _Reader:
@@ -205,6 +206,36 @@ def _traffic(r: _Reader, value: Any, path: str, base: Traffic | None) -> Traffic
     return t
 
 
+def _flags(r: _Reader, value: Any, path: str, base: VllmFlags) -> VllmFlags:
+    v = r.mapping(value, path, _VLLM)
+    spec = r.mapping(v.get("speculative"), f"{path}.speculative", _SPEC)
+    p = path + "."
+    return replace(
+        base,
+        max_model_len=r.num(v, "max_model_len", p + "max_model_len", base.max_model_len,
+                            integer=True, lo=16),
+        max_num_seqs=r.num(v, "max_num_seqs", p + "max_num_seqs", base.max_num_seqs, integer=True,
+                           lo=1),
+        max_num_batched_tokens=r.num(v, "max_num_batched_tokens", p + "max_num_batched_tokens",
+                                     base.max_num_batched_tokens, integer=True, lo=1),
+        gpu_memory_utilization=r.num(v, "gpu_memory_utilization", p + "gpu_memory_utilization",
+                                     base.gpu_memory_utilization, lo=0.01, hi=1.0),
+        enable_prefix_caching=r.boolean(v, "enable_prefix_caching", p + "enable_prefix_caching",
+                                        base.enable_prefix_caching),
+        kv_cache_dtype=r.text(v, "kv_cache_dtype", p + "kv_cache_dtype", base.kv_cache_dtype,
+                              ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+        block_size=r.num(v, "block_size", p + "block_size", base.block_size, integer=True, lo=1),
+        num_gpu_blocks=r.num(v, "num_gpu_blocks", p + "num_gpu_blocks", base.num_gpu_blocks,
+                             integer=True, lo=2),
+        spec_tokens=r.num(spec, "num_speculative_tokens", p + "speculative.num_speculative_tokens",
+                          base.spec_tokens, integer=True, lo=0, hi=16),
+        spec_acceptance=r.num(spec, "acceptance", p + "speculative.acceptance", base.spec_acceptance,
+                              lo=0, hi=1),
+        spec_draft_cost=r.num(spec, "draft_cost", p + "speculative.draft_cost", base.spec_draft_cost,
+                              lo=0),
+    )
+
+
 def parse_scenario(data: Any, where: str) -> Scenario:
     """Validate a loaded YAML document; `where` names the file in error messages."""
     r = _Reader(where)
@@ -214,28 +245,10 @@ def parse_scenario(data: Any, where: str) -> Scenario:
     for key in ("model", "gpu", "traffic"):
         if key not in top:
             raise r.fail(key, "missing")
-    v = r.mapping(top.get("vllm"), "vllm", _VLLM)
-    spec = r.mapping(v.get("speculative"), "vllm.speculative", _SPEC)
-    flags = VllmFlags(
-        max_model_len=r.num(v, "max_model_len", "vllm.max_model_len", None, integer=True, lo=16),
-        max_num_seqs=r.num(v, "max_num_seqs", "vllm.max_num_seqs", None, integer=True, lo=1),
-        max_num_batched_tokens=r.num(v, "max_num_batched_tokens", "vllm.max_num_batched_tokens",
-                                     None, integer=True, lo=1),
-        gpu_memory_utilization=r.num(v, "gpu_memory_utilization", "vllm.gpu_memory_utilization",
-                                     None, lo=0.01, hi=1.0),
-        enable_prefix_caching=r.boolean(v, "enable_prefix_caching", "vllm.enable_prefix_caching",
-                                        True),
-        kv_cache_dtype=r.text(v, "kv_cache_dtype", "vllm.kv_cache_dtype", "auto",
-                              ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
-        block_size=r.num(v, "block_size", "vllm.block_size", 16, integer=True, lo=1),
-        num_gpu_blocks=r.num(v, "num_gpu_blocks", "vllm.num_gpu_blocks", None, integer=True, lo=2),
-        spec_tokens=r.num(spec, "num_speculative_tokens", "vllm.speculative.num_speculative_tokens",
-                          0, integer=True, lo=0, hi=16),
-        spec_acceptance=r.num(spec, "acceptance", "vllm.speculative.acceptance", 0.0, lo=0, hi=1),
-        spec_draft_cost=r.num(spec, "draft_cost", "vllm.speculative.draft_cost", 0.05, lo=0),
-    )
+    flags = _flags(r, top.get("vllm"), "vllm", VllmFlags())
     base = _traffic(r, top["traffic"], "traffic", None)
     phases = [Phase(0.0, base)]
+    restarts: list[tuple[float, VllmFlags]] = []
     raw_phases = top.get("phases") or []
     if not isinstance(raw_phases, list):
         raise r.fail("phases", "expected a list of {at, traffic}")
@@ -246,6 +259,9 @@ def parse_scenario(data: Any, where: str) -> Scenario:
         at = _duration(r, pm["at"], f"phases[{i}].at")
         prev = phases[-1].traffic
         phases.append(Phase(at, _traffic(r, pm.get("traffic"), f"phases[{i}].traffic", prev)))
+        if "vllm" in pm:
+            last = restarts[-1][1] if restarts else flags
+            restarts.append((at, _flags(r, pm["vllm"], f"phases[{i}].vllm", last)))
     gt = top.get("ground_truth") or []
     acc = top.get("acceptable") or []
     for key, lst in (("ground_truth", gt), ("acceptable", acc)):
@@ -270,6 +286,7 @@ def parse_scenario(data: Any, where: str) -> Scenario:
         ground_truth=tuple(gt), acceptable=tuple(acc), speed=speed, vllm_version=version,
         quantization=r.text(top, "quantization", "quantization", None),
         warmup_s=_duration(r, top["warmup"], "warmup") if top.get("warmup") is not None else 0.0,
+        restarts=tuple(restarts),
     )
 
 
@@ -308,11 +325,11 @@ class Resolved:
 
 
 def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
-            version: str | None = None) -> Resolved:
+            version: str | None = None, flags: VllmFlags | None = None) -> Resolved:
     """Resolve model/GPU/flags through the calculator's Setup, KV capacity and step-time model."""
     from exporter.model.setup import Setup
 
-    f = sc.flags
+    f = flags or sc.flags
     setup = Setup.build(model or sc.model, gpu or sc.gpu, tp=sc.tp,
                         quantization=sc.quantization, kv_cache_dtype=f.kv_cache_dtype,
                         gpu_memory_utilization=f.gpu_memory_utilization,
@@ -392,7 +409,9 @@ def _fallback_step_time(setup) -> StepTimeFn:
 # ---- one simulated server ------------------------------------------------------------------------
 @dataclass
 class SimServerState:
-    """One simulated server: its engine, its renderer and what the HTTP endpoints report."""
+    """One simulated server: its engine, its renderer and what the HTTP endpoints report. A
+    scenario phase with new `vllm` flags is a redeploy: at that sim time the server restarts
+    with a fresh engine (counters reset, new `cache_config_info`, new start time)."""
 
     scenario: Scenario
     engine: Engine
@@ -404,18 +423,64 @@ class SimServerState:
     start_time: float
     speed: float
     resolved: Resolved
+    seed: int = 0
+    model: str | None = None
+    gpu: str | None = None
+    offset: float = 0.0                       # sim time at which the current engine started
+    restarts_done: int = 0
     _text: str = field(default="", repr=False)
     _rendered_at: float = field(default=-1.0, repr=False)
 
+    @property
+    def sim_time(self) -> float:
+        return self.offset + self.engine.now
+
     def tick(self, wall_elapsed: float) -> None:
         """Advance sim time to warm-up + `wall_elapsed * speed`."""
-        self.engine.advance_to(self.scenario.warmup_s + wall_elapsed * self.speed)
+        self.advance(self.scenario.warmup_s + wall_elapsed * self.speed)
+
+    def advance(self, sim_t: float) -> None:
+        restarts = self.scenario.restarts
+        while self.restarts_done < len(restarts) and restarts[self.restarts_done][0] <= sim_t:
+            at, flags = restarts[self.restarts_done]
+            self.engine.advance_to(at - self.offset)
+            self.restarts_done += 1
+            self._start_engine(at, flags)
+        self.engine.advance_to(sim_t - self.offset)
+
+    def _start_engine(self, at: float, flags: VllmFlags) -> None:
+        engine, renderer, res = _make(self.scenario, flags, era=self.era, version=self.version,
+                                      model=self.model, gpu=self.gpu, model_name=self.model_name,
+                                      seed=self.seed + 1000 * self.restarts_done,
+                                      start_time=self.start_time + at, offset=at)
+        self.engine, self.renderer, self.resolved = engine, renderer, res
+        self.max_model_len = res.max_model_len
+        self.offset = at
+        self._text = ""
 
     def exposition(self) -> str:
-        if self._rendered_at != self.engine.now or not self._text:
-            self._text = self.renderer.render(self.engine.metrics, self.start_time + self.engine.now)
-            self._rendered_at = self.engine.now
+        if self._rendered_at != self.sim_time or not self._text:
+            self._text = self.renderer.render(self.engine.metrics, self.start_time + self.sim_time)
+            self._rendered_at = self.sim_time
         return self._text
+
+
+def _make(sc: Scenario, flags: VllmFlags, *, era: Era, version: str, model: str | None,
+          gpu: str | None, model_name: str, seed: int, start_time: float,
+          offset: float = 0.0) -> tuple[Engine, Renderer, Resolved]:
+    res = resolve(sc, model=model, gpu=gpu, version=version, flags=flags)
+    cfg = res.config
+    cache = cache_config_values(era, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
+                                gpu_memory_utilization=res.gpu_memory_utilization,
+                                enable_prefix_caching=cfg.enable_prefix_caching,
+                                cache_dtype=res.kv_cache_dtype, max_model_len=res.max_model_len)
+    renderer = Renderer(era, model_name=model_name, max_model_len=res.max_model_len,
+                        max_num_seqs=cfg.max_num_seqs, cache_config=cache, start_time=start_time,
+                        spec_tokens=cfg.spec_tokens)
+    # traffic phases in the new engine's clock (it starts at `offset` of scenario time)
+    phases = [Phase(max(0.0, p.at_s - offset), p.traffic) for p in sc.phases]
+    engine = Engine(cfg, phases, res.step_time, seed=seed, histogram_bounds=renderer.bounds)
+    return engine, renderer, res
 
 
 def build(sc: Scenario, *, seed: int = 0, version: str | None = None, model: str | None = None,
@@ -426,20 +491,18 @@ def build(sc: Scenario, *, seed: int = 0, version: str | None = None, model: str
         era = era_for(ver)
     except ValueError:
         raise InputError(f"--vllm-version: cannot read {ver!r} (expected X.Y.Z)") from None
-    res = resolve(sc, model=model, gpu=gpu, version=ver)
-    cfg = res.config
-    model_name = (sc.served_model_name or model or sc.model)
-    cache = cache_config_values(era, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
-                                gpu_memory_utilization=res.gpu_memory_utilization,
-                                enable_prefix_caching=cfg.enable_prefix_caching,
-                                cache_dtype=res.kv_cache_dtype, max_model_len=res.max_model_len)
-    renderer = Renderer(era, model_name=model_name, max_model_len=res.max_model_len,
-                        max_num_seqs=cfg.max_num_seqs, cache_config=cache, start_time=start_time,
-                        spec_tokens=cfg.spec_tokens)
-    engine = Engine(cfg, sc.phases, res.step_time, seed=seed, histogram_bounds=renderer.bounds)
     spd = float(speed) if speed else sc.speed
     if not (spd > 0 and math.isfinite(spd)):
         raise InputError(f"--speed must be a positive number (got {speed})")
-    engine.advance_to(sc.warmup_s)
-    return SimServerState(sc, engine, renderer, era, ver, model_name, res.max_model_len,
-                          start_time, spd, res)
+    model_name = sc.served_model_name or model or sc.model
+    for i, (_, flags) in enumerate(sc.restarts):   # fail at start, not mid-run, on a bad redeploy
+        try:
+            resolve(sc, model=model, gpu=gpu, version=ver, flags=flags)
+        except InputError as exc:
+            raise InputError(f"{exc} (redeploy in phase at {sc.restarts[i][0]:g} s)") from None
+    engine, renderer, res = _make(sc, sc.flags, era=era, version=ver, model=model, gpu=gpu,
+                                  model_name=model_name, seed=seed, start_time=start_time)
+    st = SimServerState(sc, engine, renderer, era, ver, model_name, res.max_model_len, start_time,
+                        spd, res, seed=seed, model=model, gpu=gpu)
+    st.advance(sc.warmup_s)
+    return st

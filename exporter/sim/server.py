@@ -37,10 +37,10 @@ class Endpoint:
 
     def metrics(self, want_gzip: bool) -> tuple[bytes, bool]:
         st = self.state
-        if st.engine.now != self._key or not self._plain:
+        if st.sim_time != self._key or not self._plain:
             self._plain = st.exposition().encode()
             self._gz = None
-            self._key = st.engine.now
+            self._key = st.sim_time
         if want_gzip:
             if self._gz is None:
                 self._gz = gzip.compress(self._plain, compresslevel=5, mtime=0)
