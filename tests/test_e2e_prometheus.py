@@ -339,3 +339,24 @@ def test_every_shipped_rule_evaluates_without_error_on_real_series(stack):
     assert len(rules) == shipped
     bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not bad, bad
+
+
+def test_misconfiguration_alert_names_configured_and_recommended_values(stack):
+    """The misconfiguration alert's description looks up the configured and recommended values
+    with the `query` template function; on the real Prometheus both must resolve."""
+    end = time.monotonic() + ALERT_WAIT_S
+    got: list[dict] = []
+    while time.monotonic() < end and not got:
+        got = [a for _, a in list(stack["receiver"].alerts)
+               if a["labels"].get("alertname") == "VLLMDriftMisconfigurationScoreHigh"]
+        time.sleep(1)
+    assert got, "no VLLMDriftMisconfigurationScoreHigh delivered\n" + stack["stack"].logs()
+    healthy = f"http://127.0.0.1:{stack['sims']['healthy']}"
+    assert not [a for a in got if a["labels"]["target"] == healthy]
+    for a in got:
+        m = re.search(r"configured (\S+), recommended (\S+)\.$", a["annotations"]["description"])
+        assert m, a["annotations"]["description"]
+        assert m.group(2) != "unknown", a["annotations"]["description"]
+        rec = query(stack["prom"], f'vllm_drift_recommended_value{{target="{a["labels"]["target"]}",'
+                                   f'parameter="{a["labels"]["parameter"]}"}}')
+        assert rec
