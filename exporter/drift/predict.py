@@ -145,7 +145,8 @@ def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, f
     try:
         per_pos = traffic.get("spec_per_position")
         out.update(_latency(setup, tr, s, traffic.get("running_mean"), traffic.get("spec_k"),
-                            tuple(per_pos) if per_pos else None, traffic.get("spec_draft_cost")))
+                            tuple(per_pos) if per_pos else None, traffic.get("spec_draft_cost"),
+                            want_table=slo.get("tpot") is not None))
     except (InputError, ArithmeticError, ValueError) as exc:
         notes.append(f"calculator latency: {exc}")
     if tr.arrival_rate_rps:
@@ -179,19 +180,19 @@ def _coarse(tr: Any) -> Any:
 CONSUMER_GPUS = ("RTX-3090-24GB", "RTX-4090-24GB")
 
 
-@lru_cache(maxsize=1024)
 def _latency(setup: Any, tr: Any, s: Any, running: float | None, k: float | None,
-             per_pos: tuple[float, ...] | None, draft_cost: float | None) -> dict[str, Any]:
-    from exporter.model import optimizer, perf
+             per_pos: tuple[float, ...] | None, draft_cost: float | None, want_table: bool) -> dict[str, Any]:
+    """The latency side, in cached pieces: the costly ones (SLO-feasible capacity, TPOT per
+    batch) on the coarse traffic grid, TPOT at the running batch on the fine one."""
     out: dict[str, Any] = {}
+    coarse = _coarse(tr)
     if running and running >= 1:
-        out["tpot_s"] = float(perf.predict(setup, tr, concurrency=max(1, int(round(running)))).tpot_s)
-    out["tpot_at"] = {b: float(perf.predict(setup, tr, concurrency=b).tpot_s)
-                      for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-                      if b <= setup.max_num_seqs}
-    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s)
-    out["current_max_rps"] = float(rate) if rate > 0 else None
-    out["capacity_batch"] = int(b_cap) if b_cap else None
+        out["tpot_s"] = _tpot(setup, coarse, max(1, int(round(running))))
+    if want_table:
+        out["tpot_at"] = dict(_tpot_table(setup, coarse))
+    rate, b_cap = _capacity(setup, coarse, s)
+    out["current_max_rps"] = rate
+    out["capacity_batch"] = b_cap
     if k and k >= 1:
         from exporter.model.spec_decode import SpecConfig, gain
         spec = SpecConfig(num_tokens=int(round(k)), alpha=0.0, per_position=per_pos, draft_cost=draft_cost)
@@ -200,6 +201,26 @@ def _latency(setup: Any, tr: Any, s: Any, running: float | None, k: float | None
         if b_cap:
             out["spec_speedup_at_capacity"] = float(gain(setup, spec, int(b_cap), ctx).speedup)
     return out
+
+
+@lru_cache(maxsize=1024)
+def _tpot(setup: Any, tr: Any, batch: int) -> float:
+    from exporter.model import perf
+    return float(perf.predict(setup, tr, concurrency=batch).tpot_s)
+
+
+@lru_cache(maxsize=256)
+def _tpot_table(setup: Any, tr: Any) -> tuple[tuple[int, float], ...]:
+    from exporter.model import perf
+    return tuple((b, float(perf.predict(setup, tr, concurrency=b).tpot_s))
+                 for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= setup.max_num_seqs)
+
+
+@lru_cache(maxsize=256)
+def _capacity(setup: Any, tr: Any, s: Any) -> tuple[float | None, int | None]:
+    from exporter.model import optimizer
+    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s)
+    return (float(rate) if rate > 0 else None), (int(b_cap) if b_cap else None)
 
 
 @lru_cache(maxsize=256)
