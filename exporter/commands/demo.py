@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from exporter.sim.server import Endpoint, serve
 
     names = [s.strip() for s in args.scenarios.split(",")] if args.scenarios else \
-        [n for n in builtin_names() if n != "traffic-shift"]
+        builtin_names()
     if not names or not all(names):
         raise InputError("--scenarios: give at least one scenario name")
     if args.window < 5:

@@ -414,7 +414,7 @@ class SimServerState:
     with a fresh engine (counters reset, new `cache_config_info`, new start time)."""
 
     scenario: Scenario
-    engine: Engine
+    current: Engine                           # the engine of the current deployment
     renderer: Renderer
     era: Era
     version: str
@@ -433,7 +433,13 @@ class SimServerState:
 
     @property
     def sim_time(self) -> float:
-        return self.offset + self.engine.now
+        return self.offset + self.current.now
+
+    @property
+    def engine(self) -> "_ScenarioEngine":
+        """The engine on the scenario's clock: `advance_to(t)` and `now` are scenario sim time
+        (redeploys applied); everything else is the current deployment's engine."""
+        return _ScenarioEngine(self)
 
     def tick(self, wall_elapsed: float) -> None:
         """Advance sim time to warm-up + `wall_elapsed * speed`."""
@@ -443,26 +449,45 @@ class SimServerState:
         restarts = self.scenario.restarts
         while self.restarts_done < len(restarts) and restarts[self.restarts_done][0] <= sim_t:
             at, flags = restarts[self.restarts_done]
-            self.engine.advance_to(at - self.offset)
+            self.current.advance_to(at - self.offset)
             self.restarts_done += 1
             self._start_engine(at, flags)
-        self.engine.advance_to(sim_t - self.offset)
+        self.current.advance_to(sim_t - self.offset)
 
     def _start_engine(self, at: float, flags: VllmFlags) -> None:
         engine, renderer, res = _make(self.scenario, flags, era=self.era, version=self.version,
                                       model=self.model, gpu=self.gpu, model_name=self.model_name,
                                       seed=self.seed + 1000 * self.restarts_done,
                                       start_time=self.start_time + at, offset=at)
-        self.engine, self.renderer, self.resolved = engine, renderer, res
+        self.current, self.renderer, self.resolved = engine, renderer, res
         self.max_model_len = res.max_model_len
         self.offset = at
         self._text = ""
 
     def exposition(self) -> str:
         if self._rendered_at != self.sim_time or not self._text:
-            self._text = self.renderer.render(self.engine.metrics, self.start_time + self.sim_time)
+            self._text = self.renderer.render(self.current.metrics, self.start_time + self.sim_time)
             self._rendered_at = self.sim_time
         return self._text
+
+
+class _ScenarioEngine:
+    """See `SimServerState.engine`."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: SimServerState):
+        self._state = state
+
+    def advance_to(self, t: float, max_steps: int = 1_000_000) -> None:
+        self._state.advance(t)
+
+    @property
+    def now(self) -> float:
+        return self._state.sim_time
+
+    def __getattr__(self, name: str):
+        return getattr(self._state.current, name)
 
 
 def _make(sc: Scenario, flags: VllmFlags, *, era: Era, version: str, model: str | None,
