@@ -40,18 +40,35 @@ class Evaluator:
         self.raise_after, self.clear_after = raise_after, clear_after
         # stable state survives a config reload (`previous`: the Evaluator being replaced)
         self.trackers: dict[str, Tracker] = previous.trackers if previous is not None else {}
+        self._seen: dict[str, float] = previous._seen if previous is not None else {}
+        self._last_prune = 0.0
 
     # ------------------------------------------------------------------ state
     @staticmethod
     def key(target: str, model_name: str) -> str:
         return f"{target}|{model_name}"
 
-    def tracker(self, target: str, model_name: str) -> Tracker:
+    def tracker(self, target: str, model_name: str, now: float | None = None) -> Tracker:
         k = self.key(target, model_name)
+        if now is not None:
+            self._seen[k] = now
+            self._prune(now)
         t = self.trackers.get(k)
         if t is None:
             t = self.trackers[k] = Tracker(raise_after=self.raise_after, clear_after=self.clear_after)
         return t
+
+    def _prune(self, now: float) -> None:
+        """Forget targets not evaluated for three windows (they left discovery)."""
+        if now - self._last_prune < 60.0:
+            return
+        self._last_prune = now
+        horizon = max(3 * self.cfg.evaluation.window, 3600.0)
+        for k in list(self.trackers):
+            seen = self._seen.setdefault(k, now)   # restored from state: counts from now
+            if now - seen > horizon:
+                del self.trackers[k]
+                del self._seen[k]
 
     def to_dict(self) -> dict[str, Any]:
         return {k: t.to_dict() for k, t in self.trackers.items()}
@@ -78,7 +95,7 @@ class Evaluator:
         if metadata and metadata.max_model_len and model_name in metadata.max_model_len:
             observed["max_model_len"] = metadata.max_model_len[model_name]
         version = metadata.vllm_version if metadata and metadata.vllm_version else None
-        tracker = self.tracker(spec.url, model_name)
+        tracker = self.tracker(spec.url, model_name, now)
         notes: list[str] = []
         event = tracker.observe_config(latest.cache_config, now)
         if event is not None:
@@ -110,7 +127,16 @@ class Evaluator:
         ok, why = sufficiency(x, one_shot=self.one_shot)
         status = "ok"
         quiet = low_traffic(x) if ok else ""
-        if ok and not quiet:
+        blind = ok and x.kv_usage_max is None and x.running_mean is None and x.prompt_tps is None
+        if blind:
+            # e.g. --disable-log-stats: vLLM then exports its config but no load at all
+            status = "unavailable"
+            raw = []
+            findings = [Finding("unavailable", "info", 0.0, explanation=(
+                "unavailable: needs vLLM's load metrics (kv_cache_usage, num_requests_running, "
+                "prompt_tokens_total); the server exports none (started with --disable-log-stats?)"))]
+            findings += tracker.hold(now, x.window_s)
+        elif ok and not quiet:
             raw = run_rules(x)
             findings = tracker.update(raw, now)
         elif ok:
@@ -180,7 +206,8 @@ class Evaluator:
             idle_capacity_ratio=None if idle is None else round(idle, 4), tier=tier,
             waste_dollars_per_hour=waste, predicted_kv_cache_tokens=pred.kv_cache_tokens,
             predicted_tpot_seconds=pred.tpot_s, observed_kv_cache_tokens_ratio=ratio,
-            notes=tuple(dict.fromkeys(notes)), evaluated_at=now)
+            notes=tuple(dict.fromkeys(notes)), evaluated_at=now,
+            events=tuple(self.trackers[self.key(spec.url, model_name)].events[-5:]))
 
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}

@@ -61,6 +61,7 @@ class ModelReport:
     observed_kv_cache_tokens_ratio: float | None = None  # observed / predicted capacity
     notes: tuple[str, ...] = ()
     evaluated_at: float | None = None
+    events: tuple[dict[str, Any], ...] = ()                # recent config-change events
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -84,6 +85,7 @@ class ModelReport:
                           "tpot_seconds": self.predicted_tpot_seconds,
                           "observed_to_predicted_kv_ratio": self.observed_kv_cache_tokens_ratio},
             "notes": list(self.notes),
+            "events": list(self.events),
             "evaluated_at": self.evaluated_at,
         }
         return out
