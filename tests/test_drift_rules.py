@@ -156,3 +156,11 @@ def test_levels_are_ordered_and_capture_sizes():
 @pytest.mark.parametrize("field", ["kv_usage_mean", "running_mean", "waiting_mean", "prompt_tps"])
 def test_rules_tolerate_missing_signals(field):
     run_rules(replace(HEALTHY, **{field: None}))
+
+
+def test_max_model_len_waits_for_finished_requests_but_names_missing_histograms():
+    x = replace(HEALTHY, prompt_p99=None, output_p99=None,
+                families=frozenset({"prompt_tokens", "generation_tokens"}))
+    assert rule_max_model_len(x) == []
+    [u] = rule_max_model_len(replace(x, families=frozenset()))
+    assert u.finding == "unavailable" and "request_prompt_tokens" in u.explanation

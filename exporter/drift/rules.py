@@ -317,8 +317,10 @@ def rule_max_model_len(x: DriftInput) -> list[Finding]:
     if x.length_share is None and need is not None and need >= mml:
         return [unavailable("max_model_len too small", "request_success_total{finished_reason}")]
     if need is None:
+        if {"prompt_tokens", "generation_tokens"} <= set(x.families):
+            return []            # the histograms exist; no request finished in the window yet
         return [unavailable("max_model_len", "request_prompt_tokens and request_generation_tokens "
-                                             "histograms")] if mml else []
+                                             "histograms")]
     rec = _round_len(need * 1.25)
     cap = x.capacity_tokens
     if mml >= 2 * rec and cap:
