@@ -175,3 +175,23 @@ def test_models_and_version_have_the_shape_of_the_real_032_answers(kv_server):
     assert ", " not in ours_raw and ": " not in ours_raw
     real_version = json.loads((fx / "version.json").read_text())
     assert set(json.loads(urllib.request.urlopen(url + "/version", timeout=5).read())) == set(real_version)
+
+
+def test_fleet_command_prints_one_url_per_target(tmp_path):
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text("targets: 25\nengines: 3\nscenarios: [healthy, kv-pressure]\n"
+                   "vllm_versions: [0.7.0, 0.32.0]\nseed: 4\n")
+    proc = subprocess.Popen(_cli("--fleet-config", str(cfg), "--port", "0", "--duration", "30"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        urls = [proc.stdout.readline().strip() for _ in range(25)]
+        assert all(u.startswith("http://127.0.0.1:") for u in urls) and len(set(urls)) == 25
+        versions = {json.loads(urllib.request.urlopen(u + "/version", timeout=5).read())["version"]
+                    for u in urls[:3]}
+        assert versions == {"0.7.0", "0.32.0"}
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
