@@ -270,3 +270,19 @@ def test_openmetrics_style_input_identical_to_prometheus_client():
         om = generate_latest(reg, escaping=ALLOWUTF8).decode()
         for prefixes in (None, ("vllm:",)):
             assert normalise(Reader(prefixes).parse(om)) == normalise(stock(om, prefixes)), path.name
+
+
+_SHARED_READER = Reader(("vllm:",), max_heads=2000, max_labelsets=2000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=expositions())
+def test_one_reader_across_many_payloads_stays_identical(text):
+    # caches filled by earlier (different) payloads must never leak into later results
+    expected, _ = _both(text, ("vllm:",))
+    try:
+        got = normalise(_SHARED_READER.parse(text))
+    except ParseError:
+        got = None
+    if expected is not None:
+        assert got == expected
