@@ -143,10 +143,15 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
     if mnbt < seqs:
         mnbt, why = seqs, "must be >= max_num_seqs"
     binding["max_num_batched_tokens"] = why
+    final = tuned.with_(max_num_seqs=seqs, max_num_batched_tokens=mnbt)
+    if traffic.arrival_rate_rps is not None or traffic.concurrency is not None:
+        at_load = predict(final, traffic)
+        if at_load.saturated:
+            binding["max_num_seqs"] += (f"; the offered load needs more than {seqs} running requests:"
+                                        " add replicas (see tiers)")
     # speculative decoding at the expected running batch
     use_spec = False
     if spec is not None and spec.num_tokens > 0:
-        final = tuned.with_(max_num_seqs=seqs, max_num_batched_tokens=mnbt)
         p = predict(final, traffic)
         b = max(int(round(p.running)), 1)
         g = gain(final, spec, b, _ctx(traffic))

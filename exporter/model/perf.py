@@ -127,6 +127,7 @@ class Shape:
     kv_bytes_per_ctx_token: float  # KV bytes read per context token, full-attention layers
     swa_kv_bytes_per_token: float  # same for sliding-window layers (capped at the window)
     swa_window: int
+    state_bytes_per_seq: float     # Mamba/linear-attention state read and written per request
     attn_flops_per_ctx_token: float  # 4 x heads x head_dim x full layers / TP, per (query, key)
     swa_attn_flops_per_ctx_token: float
     n_layers: int
@@ -167,6 +168,8 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     if shape.swa_kv_bytes_per_token:
         kv += b * min(ctx_per_seq, shape.swa_window) * shape.swa_kv_bytes_per_token
     kv += prefill_context_tokens * (shape.kv_bytes_per_ctx_token + shape.swa_kv_bytes_per_token)
+    if shape.state_bytes_per_seq:
+        kv += 2.0 * b * shape.state_bytes_per_seq
     t_mem = (w + kv) / (cal.bw_eff * shape.bw_bytes_per_s)
     # compute: GEMMs over all tokens + attention (decode: each query token over its context;
     # prefill: causal over the chunk plus the already-computed prefix)
@@ -392,6 +395,7 @@ def shape_for(setup: Any) -> Shape:
         kv_bytes_per_ctx_token=per_layer * n_full,
         swa_kv_bytes_per_token=swa_bytes,
         swa_window=window,
+        state_bytes_per_seq=n_state * m.state_bytes_per_layer / tp,
         attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_full,
         swa_attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_swa,
         n_layers=m.num_layers,
@@ -474,7 +478,8 @@ def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
     concurrency: closed loop (that many clients, each sending its next request when the last one
     finished; TTFT includes waiting for a slot when they exceed what fits). rate: open loop
     (requests/s). Neither: the traffic's own concurrency or rate, else one client.
-    spec: an optional `spec_decode.SpecConfig` (tokens gained and verified per step).
+    spec: an optional `spec_decode.SpecConfig` (tokens gained and verified per step); the
+    traffic's observed acceptance only describes the drafts, whether speculation runs is this.
     """
     if concurrency is None and rate is None:
         concurrency = traffic.concurrency
