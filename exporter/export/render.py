@@ -1,0 +1,99 @@
+"""Text exposition (format 0.0.4) of collected families, byte-for-byte as
+`prometheus_client.generate_latest` writes it, several times faster on a fleet's families.
+
+Why: the daemon renders its whole `/metrics` once per publish (every scrape cycle and evaluation);
+at 1,000 targets that is ~16,000 samples, and the stock writer formats each sample's label set
+afresh (sort, three escapes per value, two function calls per label). Here the `name{labels}`
+head of a sample is cached by (name, label items): a fleet's label sets repeat publish after
+publish, only values change. Values are formatted as `floatToGoString` does. The cache is
+bounded and emptied when full (departed targets do not stay forever). Equality with
+`generate_latest` is tested on the daemon's own families and on edge cases.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from prometheus_client.utils import floatToGoString
+
+_MAX_HEADS = 200_000
+_LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _go_float(value: float) -> str:
+    """`floatToGoString` with a fast path for the common range (no exponent rewrite needed)."""
+    d = float(value)
+    if -1e6 < d < 1e6:
+        if d == d:                         # not NaN
+            return repr(d)
+    return floatToGoString(d)
+
+
+def _head(name: str, labels: dict[str, str]) -> str:
+    if not _LEGACY_NAME.fullmatch(name) or not all(_LEGACY_NAME.fullmatch(k) for k in labels):
+        raise ValueError(f"{name}: only legacy metric and label names are rendered here")
+    if not labels:
+        return name + " "
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}} "
+
+
+class Renderer:
+    """Renders collectors' families; keeps the cache of sample heads between calls."""
+
+    __slots__ = ("_heads",)
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple, str] = {}
+
+    def render(self, metrics: Iterable) -> bytes:
+        heads = self._heads
+        if len(heads) > _MAX_HEADS:
+            heads.clear()
+        out: list[str] = []
+        append = out.append
+        for metric in metrics:
+            mname, mtype = metric.name, metric.type
+            if mtype == "counter":
+                mname += "_total"
+            elif mtype == "info":
+                mname += "_info"
+                mtype = "gauge"
+            elif mtype == "stateset":
+                mtype = "gauge"
+            elif mtype == "gaugehistogram":
+                mtype = "histogram"
+            elif mtype == "unknown":
+                mtype = "untyped"
+            doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+            append(f"# HELP {mname} {doc}\n# TYPE {mname} {mtype}\n")
+            base = metric.name
+            special = (base + "_created", base + "_gsum", base + "_gcount")
+            om: dict[str, list[str]] = {}
+            for s in metric.samples:
+                name, labels, value, ts = s[0], s[1], s[2], s[3]
+                key = (name, tuple(labels.items()))
+                head = heads.get(key)
+                if head is None:
+                    head = heads[key] = _head(name, labels)
+                if ts is None:
+                    line = f"{head}{_go_float(value)}\n"
+                else:
+                    line = f"{head}{_go_float(value)} {int(float(ts) * 1000):d}\n"
+                if name in special:
+                    om.setdefault(name[len(base):], []).append(line)
+                else:
+                    append(line)
+            for suffix, lines in sorted(om.items()):
+                append(f"# HELP {base}{suffix} {doc}\n# TYPE {base}{suffix} gauge\n")
+                out.extend(lines)
+        return "".join(out).encode("utf-8")
+
+
+def render_registry(registry, renderer: Renderer | None = None) -> bytes:
+    return (renderer or Renderer()).render(registry.collect())
+
