@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ class TargetState:
     latest: dict[str, Snapshot] = field(default_factory=dict)
     reports: dict[str, ModelReport] = field(default_factory=dict)
     start_time: float | None = None
+    served: tuple[tuple[str, str], ...] | None = None   # (model_name, engine_era) of the last scrape
     gpus: Any = None                  # exporter.telemetry.dcgm.TargetGpus, when DCGM is configured
 
     def fail(self, reason: str, message: str, now: float) -> None:
@@ -265,10 +267,15 @@ class Daemon:
 
     @staticmethod
     def _restarted(st: TargetState, snaps: list[Snapshot]) -> bool:
+        """A new process behind the URL: its start time moved (or vanished), or it serves other
+        models or another engine era (an upgrade or rollback whose exposition has no start time);
+        /version and /v1/models are then re-read at once rather than at the next refresh."""
         starts = [s.start_time for s in snaps if s.start_time is not None]
         start = min(starts) if starts else None
-        changed = st.start_time is not None and start is not None and start != st.start_time
-        st.start_time = start
+        served = tuple(sorted((s.model_name, s.engine_era) for s in snaps))
+        changed = (st.start_time is not None and start != st.start_time) or \
+            (st.served is not None and served != st.served)
+        st.start_time, st.served = start, served
         return changed
 
     # ----------------------------------------------------------------- evaluate
@@ -376,6 +383,9 @@ class Daemon:
     # ----------------------------------------------------------------- run
     async def run(self, *, duration: float | None = None, on_listen=None) -> None:
         self.loop = asyncio.get_running_loop()
+        # The HTTP thread waits for the GIL whenever the loop thread parses or evaluates; a 1 ms
+        # switch interval (default 5 ms) keeps /metrics answers fast during those bursts.
+        sys.setswitchinterval(0.001)
         self.http = HTTPServer(self.cfg.listen, self.published, self.cfg.web)
         self.http.start()
         log.info("listening", address=self.cfg.listen, port=self.http.port, targets=len(self.discovery.targets()))
