@@ -1,0 +1,210 @@
+"""Fleet-size benchmark: the daemon's CPU, memory and /metrics latency at 10 -> 3,000 targets.
+
+For each size N it starts the simulator's fleet mode (`vllm-drift simulate --fleet N`, one
+process, N loopback ports), runs `vllm-drift serve` scraping every 15 s and evaluating every
+30 s over a 10 min window, lets it warm up (first scrape, first evaluation), then measures over a
+steady period from /proc: the daemon's CPU (% of one core, and per target per scrape cycle), its
+RSS (and per target), and the latency of GET /metrics. The baseline, measured in the same run on
+a payload the daemon scraped, is the stock `prometheus_client` parser's time per payload: the
+cost a naive exporter pays before doing anything else.
+
+Goals (issue 7) at 1,000 targets: < 35 % of one core, < 300 MiB RSS, /metrics < 100 ms.
+
+usage: .venv/bin/python benchmarks/scale.py [--sizes 10,100,1000,3000] [--steady 90] [--warmup 40]
+       [--interval 15] [--evaluate 30] [--profile DIR]   (py-spy record of the daemon, if installed)
+Prints one line per size and the goal figures; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK        # utime + stime of the daemon itself
+
+
+def rss_mib(pid: int) -> float:
+    return int(open(f"/proc/{pid}/statm").read().split()[1]) * PAGE / 2**20
+
+
+def metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{}"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def get(url: str, timeout: float = 30.0) -> tuple[float, bytes]:
+    t = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        body = r.read()
+    return time.perf_counter() - t, body
+
+
+def stock_parse_seconds(payload: str, repeat: int = 20) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _fam in text_string_to_metric_families(payload):
+            pass
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
+    sim = subprocess.Popen(exe + ["simulate", "--fleet", str(n), "--port", "0", "--seed", "7"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    daemon = None
+    cfg_path = None
+    try:
+        urls = []
+        deadline = time.time() + 120
+        while len(urls) < n and time.time() < deadline:
+            line = sim.stdout.readline()
+            if not line:
+                break
+            urls.append(line.strip())
+        if len(urls) != n:
+            raise RuntimeError(f"simulator fleet of {n} did not start ({len(urls)} URLs)")
+        payload = get(urls[0] + "/metrics")[1].decode()
+        fd, cfg_path = tempfile.mkstemp(suffix=".yaml")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"scrape: {{interval: {args.interval}s, timeout: 10s, concurrency: 64}}\n"
+                     f"evaluation: {{interval: {args.evaluate}s, window: 10m}}\ntargets:\n")
+            fh.writelines(f"  - url: {u}\n" for u in urls)
+        port = free_port()
+        daemon = subprocess.Popen(exe + ["serve", "--config", cfg_path, "--listen", f"127.0.0.1:{port}"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120 + n / 20
+        while time.time() < deadline:                 # ready = first evaluation finished
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"daemon with {n} targets never became ready")
+        time.sleep(args.warmup)
+        profiler = None
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+        if args.profile and spy:
+            Path(args.profile).mkdir(parents=True, exist_ok=True)
+            profiler = subprocess.Popen([spy, "record", "-p", str(daemon.pid), "-d", str(int(args.steady)),
+                                         "-f", "speedscope", "-o", f"{args.profile}/daemon-{n}.json", "--nonblocking"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        text0 = get(base + "/metrics")[1].decode()
+        c0, t0 = cpu_seconds(daemon.pid), time.time()
+        cycles0 = metric(text0, "vllm_drift_scrape_cycles_total") or 0.0
+        latencies, peak_rss = [], rss_mib(daemon.pid)
+        end = t0 + args.steady
+        while time.time() < end:
+            dt, body = get(base + "/metrics")
+            latencies.append(dt)
+            peak_rss = max(peak_rss, rss_mib(daemon.pid))
+            time.sleep(min(2.0, max(0.0, end - time.time())))
+        c1, t1 = cpu_seconds(daemon.pid), time.time()
+        text1 = body.decode()
+        cycles1 = metric(text1, "vllm_drift_scrape_cycles_total") or 0.0
+        if profiler is not None:
+            profiler.wait(60)
+        cycles = cycles1 - cycles0
+        up = sum(1 for line in text1.splitlines() if line.startswith("vllm_drift_target_up{") and line.endswith(" 1.0"))
+        cpu = c1 - c0
+        return {
+            "n": n, "up": up, "seconds": t1 - t0, "cycles": cycles, "cpu_pct": 100 * cpu / (t1 - t0),
+            "cpu_ms_per_target_cycle": 1000 * cpu / (cycles * n) if cycles else float("nan"),
+            "rss": peak_rss, "rss_per_target_kib": peak_rss * 1024 / n,
+            "metrics_ms_median": 1000 * statistics.median(latencies), "metrics_ms_max": 1000 * max(latencies),
+            "metrics_bytes": len(body),
+            "cycle_s": metric(text1, "vllm_drift_scrape_cycle_duration_seconds"),
+            "eval_s": metric(text1, "vllm_drift_evaluation_duration_seconds"),
+            "stock_parse_ms": 1000 * stock_parse_seconds(payload), "payload_bytes": len(payload),
+        }
+    finally:
+        stop(daemon)
+        stop(sim)
+        if cfg_path:
+            os.unlink(cfg_path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="10,100,1000,3000")
+    ap.add_argument("--interval", type=float, default=15.0)
+    ap.add_argument("--evaluate", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=35.0, help="seconds after ready before measuring")
+    ap.add_argument("--steady", type=float, default=90.0, help="seconds measured")
+    ap.add_argument("--profile", default=None, help="directory for py-spy profiles of the daemon")
+    args = ap.parse_args()
+    exe = [sys.executable, "-m", "exporter"]
+    print(f"scrape every {args.interval:g}s, evaluate every {args.evaluate:g}s, window 10m; "
+          f"{args.warmup:g}s warm-up after ready, {args.steady:g}s measured; {os.cpu_count()} CPUs", flush=True)
+    print(f"{'targets':>7} {'up':>5} {'CPU %core':>9} {'ms/target/cycle':>15} {'stock parse ms':>14} "
+          f"{'ratio':>6} {'RSS MiB':>8} {'KiB/target':>10} {'/metrics ms med/max':>20} {'cycle s':>8} {'eval s':>7}",
+          flush=True)
+    results = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        try:
+            r = run_size(n, args, exe)
+        except RuntimeError as exc:
+            print(f"{n:>7} failed: {exc}", flush=True)
+            continue
+        results.append(r)
+        ratio = r["cpu_ms_per_target_cycle"] / r["stock_parse_ms"]
+        print(f"{r['n']:>7} {r['up']:>5} {r['cpu_pct']:>9.1f} {r['cpu_ms_per_target_cycle']:>15.3f} "
+              f"{r['stock_parse_ms']:>14.3f} {ratio:>6.2f} {r['rss']:>8.0f} {r['rss_per_target_kib']:>10.0f} "
+              f"{r['metrics_ms_median']:>9.1f}/{r['metrics_ms_max']:<10.1f} {r['cycle_s'] or 0:>8.2f} "
+              f"{r['eval_s'] or 0:>7.2f}", flush=True)
+    for r in results:
+        if r["n"] == 1000:
+            print(f"goals at 1,000 targets: CPU {r['cpu_pct']:.1f}% of one core (goal < 35), RSS {r['rss']:.0f} MiB "
+                  f"(goal < 300), /metrics {r['metrics_ms_max']:.1f} ms worst (goal < 100); baseline: the stock parser "
+                  f"alone would cost {100 * r['stock_parse_ms'] * 1000 / 1000 / args.interval:.1f}% of one core "
+                  f"at this size ({r['stock_parse_ms']:.2f} ms x 1,000 targets every {args.interval:g}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
