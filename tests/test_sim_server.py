@@ -195,3 +195,13 @@ def test_fleet_command_prints_one_url_per_target(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_dump_prints_one_exposition_without_serving():
+    r = subprocess.run(_cli("--scenario", "kv-pressure", "--dump", "20", "--seed", "1",
+                            "--vllm-version", "0.10.1"), capture_output=True, text=True, cwd=REPO,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    fams = {f.name: f for f in text_string_to_metric_families(r.stdout)}
+    assert fams["vllm:num_preemptions"].samples[0].value > 0
+    assert "vllm:gpu_cache_usage_perc" in fams          # the 0.10.1 era's deprecated twin

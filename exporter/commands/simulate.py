@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="stop after S seconds (default: run until SIGINT/SIGTERM)")
     p.add_argument("--list-scenarios", action="store_true", help="list built-in scenarios and exit")
+    p.add_argument("--dump", type=float, default=None, metavar="S",
+                   help="print the /metrics text after S simulated seconds (after warm-up) and "
+                        "exit, without serving (e.g. `... --dump 60 | vllm-drift scan -`)")
     p.set_defaults(func=run)
 
 
@@ -78,6 +81,15 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration < 0:
         raise InputError(f"--duration must not be negative (got {args.duration})")
     now = time.time()
+    if args.dump is not None:
+        if args.dump < 0:
+            raise InputError(f"--dump must not be negative (got {args.dump})")
+        sc = load_scenario(args.scenario)
+        st = build(sc, seed=args.seed, version=args.vllm_version, model=args.model, gpu=args.gpu,
+                   speed=1.0, start_time=now - sc.warmup_s - args.dump)
+        st.advance(sc.warmup_s + args.dump)
+        sys.stdout.write(st.exposition())
+        return 0
     fleet_n = args.fleet
     if args.fleet_config or fleet_n:
         if args.fleet_config:
