@@ -77,13 +77,19 @@ async def get(client: httpx.AsyncClient, url: str) -> httpx.Response:
     raise AssertionError("unreachable")
 
 
+def portable_argv(argv: list[str]) -> list[str]:
+    """The command line with absolute paths cut to ``.../name``: the record is committed and must
+    not carry one machine's directory layout."""
+    return [f".../{Path(x).name}" if os.path.isabs(x) else x for x in argv]
+
+
 class Run:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
         self.base = f"http://127.0.0.1:{a.port}"
         self.out = Path(a.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.record: dict = {"captures": [], "argv": sys.argv[1:]}
+        self.record: dict = {"captures": [], "argv": portable_argv(sys.argv[1:])}
         self.t_load0: float | None = None
 
     async def save(self, client: httpx.AsyncClient, path: str, name: str) -> None:

@@ -42,14 +42,14 @@ for run in $ONLY; do
       -- "${COMMON[@]}" --kv-cache-memory-bytes 3145728 --max-num-seqs 64 > "$WORK_DIR/kvpressure.json" ;;
   specdecode)
     VLLM_CPU_KVCACHE_SPACE=1 cap --log "$WORK_DIR/specdecode.log" \
-      --load "--concurrency 8 --prompt-tokens 256 --output-tokens 256 --count 100000 --duration 60 --repetitive --repeat-period 8 --seed 3" \
+      --load "--concurrency 8 --prompt-tokens 256 --output-tokens 256 --count 100000 --duration 60 --repetitive --repeat-period 8 --seed 3 --no-stream" \
       --at "58:$P-specdecode.prom" \
       -- "${COMMON[@]}" --max-num-seqs 64 \
          --speculative-config '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4}' \
       > "$WORK_DIR/specdecode.json" ;;
   prefix)
     VLLM_CPU_KVCACHE_SPACE=1 cap --log "$WORK_DIR/prefix.log" \
-      --load "--concurrency 8 --prompt-tokens 1152 --output-tokens 64 --count 100000 --duration 60 --shared-prefix-tokens 1024 --seed 4" \
+      --load "--concurrency 8 --prompt-tokens 1152 --output-tokens 64 --count 100000 --duration 60 --shared-prefix-tokens 1024 --seed 4 --no-stream" \
       --at "58:$P-prefix.prom" \
       -- "${COMMON[@]}" --max-num-seqs 64 --enable-prefix-caching > "$WORK_DIR/prefix.json" ;;
   *) echo "unknown run $run" >&2; exit 2 ;;

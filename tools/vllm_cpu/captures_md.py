@@ -24,6 +24,11 @@ KEY_SAMPLES = [
     "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
 ]
+DERIVED = [  # (label, numerator, denominator) - ratios a reader wants, from the same samples
+    ("(prefix hits / queries)", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    ("(accepted / draft tokens)", "vllm:spec_decode_num_accepted_tokens_total",
+     "vllm:spec_decode_num_draft_tokens_total"),
+]
 RUN_TITLES = {
     "idle": "Default server (1 GiB KV pool): idle, then steady load pair",
     "kv-pressure": "KV pressure: 3 MiB KV pool (48 blocks of 128)",
@@ -149,6 +154,11 @@ def main() -> int:
             for k in KEY_SAMPLES:
                 if any(k in vals[f] for f in proms):
                     w(f"| {k} | " + " | ".join(fmt(vals[f].get(k)) for f in proms) + " |")
+            for label, num, den in DERIVED:
+                if any(vals[f].get(den) for f in proms):
+                    w(f"| {label} | " + " | ".join(
+                        fmt(vals[f][num] / vals[f][den]) if vals[f].get(den) else "-"
+                        for f in proms) + " |")
             w("")
         if any("kv-pressure" in c["file"] for c in run["captures"]) and \
                 (a.fixture_dir / "kv-pressure-timeline.csv").exists():
