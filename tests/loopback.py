@@ -97,6 +97,66 @@ def gzip_bomb(decoded_size: int) -> Handler:
     return handle
 
 
+def headers_then_stall(length: int = 100_000) -> Handler:
+    """Slow loris from the server side: a 200 and its headers, then nothing."""
+    async def handle(reader, writer, path):
+        writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {length}\r\n\r\n".encode())
+        await writer.drain()
+        await asyncio.sleep(3600)
+    return handle
+
+
+def huge_unannounced(size: int) -> Handler:
+    """A body of `size` bytes with no Content-Length (ends at close): only a streaming cap stops it."""
+    async def handle(reader, writer, path):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+        chunk = b"vllm:num_requests_running{model_name=\"x\"} 1\n" * 1000
+        sent = 0
+        try:
+            while sent < size:
+                writer.write(chunk)
+                await writer.drain()
+                sent += len(chunk)
+        except ConnectionError:
+            pass
+        writer.close()
+    return handle
+
+
+def gzip_bomb_streamed(decoded_size: int) -> Handler:
+    """Like `gzip_bomb`, but compressed in 1 MiB steps so a large bomb costs the test no memory."""
+    import zlib
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = b"\0" * 2**20
+    parts = [z.compress(zeros) for _ in range(decoded_size // 2**20)]
+    payload = b"".join(parts) + z.flush()
+    async def handle(reader, writer, path):
+        writer.write(response(payload, headers={"Content-Encoding": "gzip"}))
+    return handle
+
+
+def flapping(good: Handler, bad: Handler) -> Handler:
+    """Alternates `good` and `bad` on every /metrics request (other paths always `good`)."""
+    n = [0]
+    async def handle(reader, writer, path):
+        if path == "/metrics":
+            n[0] += 1
+            await (good if n[0] % 2 else bad)(reader, writer, path)
+        else:
+            await good(reader, writer, path)
+    return handle
+
+
+class Switch:
+    """A handler whose behaviour the test swaps while the server runs (a restart, a redeploy)."""
+
+    def __init__(self, current: Handler) -> None:
+        self.current = current
+
+    async def __call__(self, reader, writer, path):
+        await self.current(reader, writer, path)
+
+
 class Site:
     """One loopback HTTP server; `handler` answers every request (keep-alive supported)."""
 
