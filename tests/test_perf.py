@@ -170,3 +170,27 @@ def test_accuracy_on_shared_throughput_rows_does_not_regress():
     assert sum(ttft) / len(ttft) < 0.30
     # median rows are well inside the goals; the tail is KV-saturated rows
     assert sorted(tpot)[len(tpot) // 2] < 0.08
+
+
+def test_saturation_wait_lands_before_first_token_when_max_num_seqs_binds():
+    s = _setup(max_num_seqs=32)
+    tr = Traffic(1024, 1024)
+    at_cap = perf.predict(s, tr, concurrency=32)
+    over = perf.predict(s, tr, concurrency=96)
+    assert over.binding == "max_num_seqs" and over.saturated
+    assert over.tpot_s == pytest.approx(at_cap.tpot_s, rel=1e-3)
+    # Little: 96 clients over 32 slots wait twice a request's own latency before their first token
+    own = at_cap.ttft_s + 1023 * at_cap.tpot_s
+    assert over.queue_wait_s == pytest.approx(2 * own, rel=0.01)
+
+
+def test_kv_bound_saturation_stalls_decodes_by_preemption():
+    s = _setup(gpu_memory_utilization=0.5)
+    tr = Traffic(512, 4096)
+    cap = perf.predict(s, tr, concurrency=1).max_running
+    at_cap = perf.predict(s, tr, concurrency=int(cap))
+    over = perf.predict(s, tr, concurrency=int(cap * 2))
+    assert over.binding == "KV capacity"
+    # long outputs: most of the wait is recompute-preemption stalls between tokens
+    assert over.tpot_s > 1.5 * at_cap.tpot_s
+    assert over.queue_wait_s < 0.2 * (over.ttft_s + 4095 * over.tpot_s)

@@ -72,10 +72,10 @@ CALIBRATIONS: dict[str, Calibration] = {
     # fitted 2026-11-22 on 258 rows (H100-SXM: Qwen3-32B bf16/fp8, Llama-3.1-70B fp8,
     # gpt-oss-120b mxfp4; H200-SXM: Llama-3.1-70B fp8; c <= 256). FP4 GEMMs have no Hopper rows:
     # the FP8 factor stands in for them on Blackwell.
-    "hopper": Calibration("hopper", bw_eff=0.883, flops_eff_bf16=0.578, flops_eff_fp8=0.577,
-                          flops_eff_fp4=0.577, step_overhead_s=1.18e-3, layer_sync_s=26.5e-6,
-                          per_token_s=8.7e-6, ttft_steps=3.95, ttft_fixed_s=0.0,
-                          moe_flops_eff=0.652, queue_factor=0.043, ttft_prefill_factor=0.975,
+    "hopper": Calibration("hopper", bw_eff=0.889, flops_eff_bf16=0.592, flops_eff_fp8=0.689,
+                          flops_eff_fp4=0.689, step_overhead_s=1.11e-3, layer_sync_s=28.2e-6,
+                          per_token_s=7.8e-6, ttft_steps=4.03, ttft_fixed_s=0.0,
+                          moe_flops_eff=0.712, queue_factor=0.0413, ttft_prefill_factor=1.117,
                           source=_FIT_SOURCE),
 }
 _UNFITTED_NOTE = "no measured rows for this class: Hopper factors applied to its own datasheet"
@@ -309,8 +309,10 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
             # blocks are free and later preempts (recompute) the newest when decodes outgrow the
             # pool, so that wait splits: the prompt's share of the footprint before the first
             # token, the output's share as stalls between tokens.
+            # When max_num_seqs is the limit, nothing is preempted and all of it is before the
+            # first token.
             total_wait = (clients / capacity - 1.0) * r_own
-            before = prompt_new / (prompt_new + out)
+            before = prompt_new / (prompt_new + out) if kv_slots < max_seqs else 1.0
             queue = before * total_wait
             stall = (1.0 - before) * total_wait
             saturated = True
