@@ -1,7 +1,8 @@
 """Parse speed: our exposition reader and `parse_vllm` against prometheus_client's stock parser,
 measured in the same run on the real captures (issue 7 goal: >= 10x on the reader).
 
-Variants per capture (median over interleaved rounds, so machine load hits all alike):
+Variants per capture (best of interleaved rounds: the least disturbed run of each, as timeit
+advises on a shared machine):
   stock      prometheus_client.parser.text_string_to_metric_families(text), all families
   cold       our Reader (vllm: families) with its caches emptied before every call: `scan`, a
              target's first scrape
@@ -91,7 +92,7 @@ def measure(raw: bytes, rounds: int) -> dict[str, float]:
             t0 = clock()
             fn()
             times[name].append(clock() - t0)
-    return {name: statistics.median(v) for name, v in times.items()}
+    return {name: min(v) for name, v in times.items()}
 
 
 def main(argv: list[str]) -> int:

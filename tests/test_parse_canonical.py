@@ -316,3 +316,10 @@ def test_openmetrics_rendering_gives_the_same_snapshot(version):
     om = _openmetrics(text)
     assert om.rstrip().endswith("# EOF") and "# TYPE vllm:prompt_tokens counter" in om
     assert parse_vllm(om, target="t", timestamp=5.0) == parse_vllm(text, target="t", timestamp=5.0)
+
+
+def test_ray_exported_copies_are_named_in_the_refusal():
+    text = ('# TYPE ray_vllm:num_requests_running gauge\n'
+            'ray_vllm:num_requests_running{Component="core",model_name="m"} 1.0\n')
+    with pytest.raises(NoVllmMetricsError, match="Ray"):
+        parse_vllm(text, target="t", timestamp=0)
