@@ -247,3 +247,12 @@ def test_clients_give_up_on_requests_queued_too_long():
     # ~5 req/s arrive, a handful are served: the queue holds about 30 s of arrivals, not 300 s
     assert 60 < eng.metrics.waiting < 250
     assert all(r.arrival >= eng.now - 31 or r.scheduled_at is not None for r in eng.waiting)
+
+
+def test_a_pool_smaller_than_max_model_len_caps_requests_instead_of_livelocking():
+    """vLLM refuses to start such a config; a bare engine given one must still make progress."""
+    cfg = EngineConfig(num_gpu_blocks=40, block_size=16, max_model_len=4096)
+    eng = make(cfg, Traffic(rate=1.0, prompt=LengthDist(500, cv=0.8), output=LengthDist(2000)))
+    eng.advance_to(120)
+    assert sum(eng.metrics.finished.values()) > 10
+    assert eng.metrics.hist["prompt_tokens"].sum / eng.metrics.hist["prompt_tokens"].count < 39 * 16

