@@ -65,13 +65,14 @@ def _ctx(traffic: Traffic) -> float:
     return traffic.prompt_tokens_mean + traffic.output_tokens_mean / 2.0
 
 
-def tpot_batch_limit(setup: Any, traffic: Traffic, tpot_slo: float, upper: int) -> int:
+def tpot_batch_limit(setup: Any, traffic: Traffic, tpot_slo: float, upper: int,
+                     spec: SpecConfig | None = None) -> int:
     """Largest closed-loop batch whose predicted TPOT meets the SLO (0 if even 1 does not).
 
     TPOT here is the mean; the p99 SLO is met with the mean kept under it, since decode steps of
     a fixed mix vary little (the spread comes from prefill chunks, which the mean includes)."""
     def ok(b: int) -> bool:
-        return predict(setup, traffic, concurrency=b).tpot_s <= tpot_slo
+        return predict(setup, traffic, concurrency=b, spec=spec).tpot_s <= tpot_slo
     if not ok(1):
         return 0
     if ok(upper):
@@ -117,8 +118,22 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
     seqs, why = min(default_seqs, kv_batch), "KV capacity" if kv_batch < default_seqs else "vLLM default"
     if why == "KV capacity":
         why = f"KV capacity: {kv_batch} requests of ~{_ctx(traffic):.0f} resident tokens fit with a 10% margin"
+    # speculative decoding, decided at the batch the replica will run: the offered load's, or
+    # without one the batch it is sized for
+    loaded = traffic.arrival_rate_rps is not None or traffic.concurrency is not None
+    use_spec, active = False, None
+    if spec is not None and spec.num_tokens > 0:
+        b = max(int(round(predict(tuned, traffic).running)), 1) if loaded else max(seqs, 1)
+        g = gain(tuned, spec, b, _ctx(traffic))
+        use_spec = g.speedup >= SPEC_MIN_GAIN
+        active = spec if use_spec else None
+        binding["speculative_decoding"] = (f"{'gain' if g.helps else 'loss'} x{g.speedup:.2f} at batch {b} "
+                                           f"(k={spec.num_tokens}, {g.tokens_per_step:.2f} tokens/step)")
+    else:
+        binding["speculative_decoding"] = "no draft method or acceptance rate given"
     if slo.tpot_p99_s is not None:
-        lim = tpot_batch_limit(tuned.with_(max_num_seqs=max(seqs, 1)), traffic, slo.tpot_p99_s, seqs)
+        lim = tpot_batch_limit(tuned.with_(max_num_seqs=max(seqs, 1)), traffic, slo.tpot_p99_s, seqs,
+                               spec=active)
         if lim == 0:
             seqs, why = 1, f"TPOT SLO unreachable on this setup ({slo.tpot_p99_s * 1000:.0f} ms even at batch 1)"
         elif lim < seqs:
@@ -144,22 +159,11 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
         mnbt, why = seqs, "must be >= max_num_seqs"
     binding["max_num_batched_tokens"] = why
     final = tuned.with_(max_num_seqs=seqs, max_num_batched_tokens=mnbt)
-    if traffic.arrival_rate_rps is not None or traffic.concurrency is not None:
-        at_load = predict(final, traffic)
+    if loaded:
+        at_load = predict(final, traffic, spec=active)
         if at_load.saturated:
             binding["max_num_seqs"] += (f"; the offered load needs more than {seqs} running requests:"
                                         " add replicas (see tiers)")
-    # speculative decoding at the expected running batch
-    use_spec = False
-    if spec is not None and spec.num_tokens > 0:
-        p = predict(final, traffic)
-        b = max(int(round(p.running)), 1)
-        g = gain(final, spec, b, _ctx(traffic))
-        use_spec = g.speedup >= SPEC_MIN_GAIN
-        binding["speculative_decoding"] = (f"{'gain' if g.helps else 'loss'} x{g.speedup:.2f} at batch {b} "
-                                           f"(k={spec.num_tokens}, {g.tokens_per_step:.2f} tokens/step)")
-    else:
-        binding["speculative_decoding"] = "no draft method or acceptance rate given"
     return Recommendation(max_num_seqs=int(seqs), gpu_memory_utilization=util,
                           max_model_len=int(mml), max_num_batched_tokens=int(mnbt),
                           speculative_decoding=use_spec, binding=binding)
