@@ -165,11 +165,11 @@ def test_accuracy_on_shared_throughput_rows_does_not_regress():
         tpot.append(abs(p.tpot_s * 1e3 - float(r["tpot_ms"])) / float(r["tpot_ms"]))
         ttft.append(abs(p.ttft_s * 1e3 - float(r["ttft_ms"])) / float(r["ttft_ms"]))
     assert len(rows) > 200
-    # measured 2026-11-22: TPOT 9.5%, TTFT ~21% (mean absolute percentage error)
-    assert sum(tpot) / len(tpot) < 0.12
-    assert sum(ttft) / len(ttft) < 0.30
+    # measured 2026-11-22 on these 258 rows: TPOT 7.9%, TTFT 18.3% (mean absolute % error)
+    assert sum(tpot) / len(tpot) < 0.10
+    assert sum(ttft) / len(ttft) < 0.25
     # median rows are well inside the goals; the tail is KV-saturated rows
-    assert sorted(tpot)[len(tpot) // 2] < 0.08
+    assert sorted(tpot)[len(tpot) // 2] < 0.07
 
 
 def test_saturation_wait_lands_before_first_token_when_max_num_seqs_binds():
