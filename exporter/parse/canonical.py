@@ -64,7 +64,23 @@ _RUNNING = "vllm:num_requests_running"
 _SUCCESS = "vllm:request_success_total"
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
-READER = Reader(("vllm:", "ray_vllm"))
+# Families nothing canonical is read from: the reader returns them without samples (they still
+# count in `Snapshot.families` and the version guess). `_created` only of canonical metrics.
+_NAMES_ONLY: set[str] = set()
+# family name as a HELP/TYPE line or prometheus_client gives it -> exposed name
+_FAMILY_EXPOSED: dict[str, str] = {}
+for _m in eras.V0_NAMES + eras.V1_NAMES:
+    _FAMILY_EXPOSED[_m.exposed] = _m.exposed
+    _FAMILY_EXPOSED[_m.exposed.removesuffix("_total")] = _m.exposed
+    if _m.key is None and _m.exposed != "vllm:cache_config_info":
+        base = _m.exposed.removesuffix("_total") if _m.kind == "counter" else _m.exposed
+        _NAMES_ONLY.update((_m.exposed, base, base + "_created"))
+for _m in eras.V0_NAMES + eras.V1_NAMES:  # a name canonical in either era is read in full
+    if _m.key is not None:
+        _NAMES_ONLY.discard(_m.exposed)
+        _NAMES_ONLY.discard(_m.exposed.removesuffix("_total"))
+
+READER = Reader(("vllm:", "ray_vllm"), names_only=_NAMES_ONLY)
 
 # Snapshots of one target repeat the same family set and cache_config every scrape: share one
 # (read-only) object instead of holding a copy per snapshot in every window.
@@ -135,6 +151,9 @@ def canonicalise(families: Iterable[Family], *, target: str, timestamp: float) -
             running_help = fam.documentation
         samples = fam.samples
         if not samples:
+            exposed = _FAMILY_EXPOSED.get(fname)
+            if exposed is not None:
+                names.add(exposed)
             continue
         hit = parts.get(samples[0][0])
         if hit is None or hit[0].exposed == _CACHE_CONFIG or (

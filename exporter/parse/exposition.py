@@ -284,12 +284,15 @@ class Reader:
     emptied so series of departed targets do not stay forever.
     """
 
-    __slots__ = ("prefixes", "max_heads", "max_labelsets", "refresh_every", "_calls", "_heads",
-                 "_labelsets", "_names", "_comments", "_values")
+    __slots__ = ("prefixes", "names_only", "max_heads", "max_labelsets", "refresh_every", "_calls",
+                 "_heads", "_labelsets", "_names", "_comments", "_values")
 
-    def __init__(self, prefixes: Iterable[str] | None = ("vllm:",), *, max_heads: int = 50_000,
-                 max_labelsets: int = 50_000, refresh_every: int = 200_000):
+    def __init__(self, prefixes: Iterable[str] | None = ("vllm:",), *, names_only: Iterable[str] = (),
+                 max_heads: int = 50_000, max_labelsets: int = 50_000, refresh_every: int = 200_000):
         self.prefixes: tuple[str, ...] | None = tuple(prefixes) if prefixes is not None else None
+        # families (by the name on their HELP/TYPE line) returned without their samples: the
+        # caller only needs to know they exist
+        self.names_only = frozenset(names_only)
         self.max_heads = max_heads
         self.max_labelsets = max_labelsets
         self.refresh_every = refresh_every
@@ -325,7 +328,7 @@ class Reader:
         return self._parse(text)
 
     def _comment(self, line: str) -> tuple:
-        """(kind, name, text, wanted, allowed, skip_brace, skip_blank) for HELP/TYPE lines;
+        """(kind, name, text, wanted, full, allowed, skip_brace, skip_blank) for HELP/TYPE lines;
         (kind, "") for a bare `# HELP`; _IGNORE for other comments. Raises ValueError."""
         parts = _split_comment(line)
         if len(parts) < 2:
@@ -334,7 +337,7 @@ class Reader:
         if len(parts) == 2:
             if kind == "TYPE":
                 raise ValueError("TYPE line without a type")
-            return ("HELP", "", "", False, ("",), (), ()) if kind == "HELP" else _IGNORE
+            return ("HELP", "", "", False, False, ("",), (), ()) if kind == "HELP" else _IGNORE
         if kind != "TYPE" and kind != "HELP":
             return _IGNORE
         name, quoted = _unquote(parts[2])
@@ -349,9 +352,10 @@ class Reader:
             doc = parts[3]
             allowed = tuple(sys.intern(name + s) for s in _ALLOWED_SUFFIXES.get(doc, ("",)))
         wanted = bool(name) and self._wanted(name)
+        full = wanted and name not in self.names_only
         skip_brace = tuple(a + "{" for a in allowed if a)
         skip_blank = tuple(a + c for a in allowed if a for c in " \t")
-        return (kind, name, doc, wanted, allowed, skip_brace, skip_blank)
+        return (kind, name, doc, wanted, full, allowed, skip_brace, skip_blank)
 
     def _parse(self, text: str) -> list[Family]:
         heads = self._heads
@@ -367,7 +371,8 @@ class Reader:
         allowed: tuple[str, ...] = ()
         skip_brace: tuple[str, ...] = ()
         skip_blank: tuple[str, ...] = ()
-        keep = False
+        keep = False                        # the current family goes into the result
+        full = False                        # ... with its samples
         fam_line = 0
         lineno = 0
         line = ""
@@ -394,7 +399,7 @@ class Reader:
                 if line[0] != "#":
                     # ---- a sample line
                     sample: Sample | None
-                    if keep:
+                    if full:
                         i = line.rfind("}")
                         hit = heads.get(line[:i + 1]) if i > 0 else None
                         if hit is not None:
@@ -425,7 +430,7 @@ class Reader:
                     # not a sample of the current family: prometheus_client closes the current
                     # family and yields this sample as an untyped family of its own
                     flush()
-                    name, documentation, typ, samples, keep = "", "", "untyped", [], False
+                    name, documentation, typ, samples, keep, full = "", "", "untyped", [], False, False
                     allowed = skip_brace = skip_blank = ()
                     if sample is not None and self._wanted(sample[0]):
                         out.append(Family(sample[0], "unknown", "", [sample]))
@@ -438,17 +443,19 @@ class Reader:
                         comments[line] = c
                 if c is _IGNORE:
                     continue
-                kind, candidate, doc, wanted, c_allowed, c_brace, c_blank = c
+                kind, candidate, doc, wanted, c_full, c_allowed, c_brace, c_blank = c
                 if kind == "HELP":
                     if candidate != name:
                         flush()
                         name, typ, samples, keep, fam_line = candidate, "untyped", [], wanted, lineno
+                        full = c_full
                         allowed, skip_brace, skip_blank = c_allowed, c_brace, c_blank
                     documentation = doc
                 else:
                     if candidate != name:
                         flush()
                         name, documentation, samples, keep = candidate, "", [], wanted
+                        full = c_full
                     typ, fam_line = doc, lineno
                     allowed, skip_brace, skip_blank = c_allowed, c_brace, c_blank
             flush()
