@@ -8,7 +8,8 @@ canonical keys only, so a mixed fleet is compared like with like:
   present wins, the others are ignored - never added together;
 * data-parallel engines (`engine` label): counters, running and waiting are summed, KV usage is
   the max, histograms are summed bucket by bucket when the engines' bucket layouts agree;
-* `_created` series only give `start_time` (the earliest), a reset signal for windows;
+* `_created` series only give `start_time` (the earliest among canonical series), a reset
+  signal for windows;
 * `cache_config_info` has no `model_name`: its labels go to every model of the target;
 * bucket bounds come from the scrape (`--custom-histogram-buckets`, old caps, CUDA-graph sizes);
 * the production-stack router and endpoints without `vllm:` metrics are refused with a reason.

@@ -111,7 +111,7 @@ class Snapshot:
     histograms: Mapping[str, Histogram] = field(default_factory=dict)
     cache_config: Mapping[str, str] = field(default_factory=dict)   # cache_config_info labels
     spec_accepted_per_pos: tuple[float, ...] = ()
-    start_time: float | None = None        # earliest `_created` sample: engine start, for resets
+    start_time: float | None = None        # earliest `_created` of a canonical series: engine start
     families: frozenset[str] = frozenset() # vllm: family names seen (for "unavailable: needs X")
     # Added by the canonicaliser (defaults keep older constructors working):
     version_guess: str | None = None       # from the names/labels seen, e.g. ">=0.10.1,<0.10.2"
