@@ -323,3 +323,28 @@ def test_ray_exported_copies_are_named_in_the_refusal():
             'ray_vllm:num_requests_running{Component="core",model_name="m"} 1.0\n')
     with pytest.raises(NoVllmMetricsError, match="Ray"):
         parse_vllm(text, target="t", timestamp=0)
+
+
+def test_mixed_era_fleet_through_one_reader():
+    """Captures of different eras read by one (shared, cached) reader, in both orders, give the
+    same snapshots as read alone, with the same canonical keys for the same signals."""
+    from exporter.parse.canonical import READER
+    from exporter.parse.exposition import Reader
+
+    paths = sorted(PROM.glob("*.prom")) + sorted((Path(__file__).resolve().parent / "fixtures" /
+                                                   "vllm-cpu").glob("*load-b*.prom"))
+    if len(paths) < 3:
+        pytest.skip(f"shared captures not found under {PROM}")
+    alone = {p: parse_vllm(p.read_bytes(), target=str(p), timestamp=1.0,
+                           reader=Reader(("vllm:", "ray_vllm"), names_only=READER.names_only))
+             for p in paths}
+    shared = Reader(("vllm:", "ray_vllm"), names_only=READER.names_only)
+    for order in (paths, paths[::-1], paths + paths):
+        for p in order:
+            assert parse_vllm(p.read_bytes(), target=str(p), timestamp=1.0, reader=shared) == alone[p]
+    eras = {p.name.split("-")[1]: alone[p][0].engine_era for p in paths}
+    assert eras["0.7.0"] == "v0" and eras["0.10.1"] == eras["0.11.0"] == "v1"
+    for p in paths:
+        snap = alone[p][0]
+        assert {"kv_cache_usage", "num_requests_running", "num_requests_waiting"} <= set(snap.gauges)
+        assert {"prompt_tokens_total", "generation_tokens_total", "num_preemptions_total"} <= set(snap.counters)
