@@ -164,3 +164,13 @@ def test_max_model_len_waits_for_finished_requests_but_names_missing_histograms(
     assert rule_max_model_len(x) == []
     [u] = rule_max_model_len(replace(x, families=frozenset()))
     assert u.finding == "unavailable" and "request_prompt_tokens" in u.explanation
+
+
+def test_missed_spec_gain_is_info_unless_it_would_fix_a_missed_tpot_slo():
+    x = replace(HEALTHY, prediction=Prediction(spec_missed_speedup=1.6))
+    [f] = rule_speculative_decoding(x)
+    assert f.severity == "info" and f.binding == "missed_gain" and f.recommended == 3
+    slow = replace(x, slo_tpot_s=0.05, tpot_p99=0.07)
+    [g] = rule_speculative_decoding(slow)
+    assert g.severity in ("warning", "critical") and g.score >= 1 - 0.05 / 0.07 - 1e-9
+    assert rule_speculative_decoding(replace(x, prediction=Prediction(spec_missed_speedup=1.05))) == []

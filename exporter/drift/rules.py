@@ -397,9 +397,12 @@ def spec_speedup_estimate(x: DriftInput) -> float | None:
     return tokens / (verify + draft)
 
 
+SPEC_MIN_GAIN = 1.15      # a missed gain worth mentioning
+
+
 def rule_speculative_decoding(x: DriftInput) -> list[Finding]:
     if x.spec_k is None or x.spec_k <= 0:
-        return []
+        return rule_speculative_missed(x)
     sp = spec_speedup_estimate(x)
     if sp is None:
         return [unavailable("speculative_decoding", "spec_decode_num_accepted_tokens_total and "
@@ -417,6 +420,29 @@ def rule_speculative_decoding(x: DriftInput) -> list[Finding]:
     return [_finding("speculative_decoding", score, expl, parameter="speculative_decoding",
                      configured=x.spec_k, recommended=0,
                      binding="verify_cost" if where == "running" else "low_acceptance")]
+
+
+def rule_speculative_missed(x: DriftInput) -> list[Finding]:
+    """Speculation off at a small, memory-bound batch where it would cut TPOT. The acceptance this
+    traffic would reach is unknown until it runs, so this is `info`, unless the TPOT SLO is
+    missed now and the assumed gain would meet it (then the loss is measured: the SLO miss)."""
+    sp = x.prediction.spec_missed_speedup
+    if sp is None or sp < SPEC_MIN_GAIN:
+        return []
+    score = 1.0 - 1.0 / sp
+    sev = "info"
+    tail = ""
+    if x.slo_tpot_s is not None and x.tpot_p99 is not None and x.tpot_p99 > x.slo_tpot_s:
+        if x.tpot_p99 / sp <= x.slo_tpot_s:
+            sev = None
+            score = max(score, 1.0 - x.slo_tpot_s / x.tpot_p99)
+            tail = (f"; TPOT p99 {x.tpot_p99 * 1000:.0f} ms misses the {x.slo_tpot_s * 1000:.0f} ms SLO "
+                    f"and would meet it")
+    expl = (f"speculative decoding is off at a running batch of {x.running_mean or 0:.0f}, where "
+            f"decoding is memory-bound: 3 EAGLE draft tokens at an assumed 60% acceptance would "
+            f"speed decoding up about {sp:.2f}x{tail} (the real acceptance is known once tried).")
+    return [_finding("speculative_decoding", score, expl, parameter="speculative_decoding",
+                     configured=0, recommended=3, binding="missed_gain", severity=sev)]
 
 
 def rule_enable_prefix_caching(x: DriftInput) -> list[Finding]:
