@@ -344,7 +344,9 @@ class Reader:
         if not quoted and not _LEGACY_NAME_FULL.match(name):
             raise ValueError(f"invalid metric name {name!r}")
         if kind == "HELP":
-            doc = _HELP_ESCAPING.sub(_help_unescape, parts[3]) if len(parts) == 4 else ""
+            doc = parts[3] if len(parts) == 4 else ""
+            if "\\" in doc:
+                doc = _HELP_ESCAPING.sub(_help_unescape, doc)
             allowed: tuple[str, ...] = (name,)
         else:
             if len(parts) < 4:
@@ -353,8 +355,8 @@ class Reader:
             allowed = tuple(sys.intern(name + s) for s in _ALLOWED_SUFFIXES.get(doc, ("",)))
         wanted = bool(name) and self._wanted(name)
         full = wanted and name not in self.names_only
-        skip_brace = tuple(a + "{" for a in allowed if a)
-        skip_blank = tuple(a + c for a in allowed if a for c in " \t")
+        skip_brace = tuple([a + "{" for a in allowed if a])
+        skip_blank = tuple([a + c for a in allowed if a for c in " \t"])
         return (kind, name, doc, wanted, full, allowed, skip_brace, skip_blank)
 
     def _parse(self, text: str) -> list[Family]:
@@ -500,7 +502,7 @@ class Reader:
                 labels = None
                 if _LABELS_FULL.match(inner):
                     pairs = _LABEL_PAIRS.findall(inner)
-                    labels = {k: _unescape(v) for k, v in pairs}
+                    labels = {k: (_unescape(v) if "\\" in v else v) for k, v in pairs}
                     if len(labels) != len(pairs):
                         labels = None  # duplicate label: the slow path reports it
                 if len(labelsets) < self.max_labelsets:
