@@ -348,3 +348,12 @@ def test_mixed_era_fleet_through_one_reader():
         snap = alone[p][0]
         assert {"kv_cache_usage", "num_requests_running", "num_requests_waiting"} <= set(snap.gauges)
         assert {"prompt_tokens_total", "generation_tokens_total", "num_preemptions_total"} <= set(snap.counters)
+
+
+def test_refusals_carry_their_scrape_error_reason():
+    cases = [(router_exposition(True), "router"), (b"python_info 1.0\n", "not_vllm"),
+             (b"<html>oops</html>", "parse"), (b'vllm:num_requests_running{model_name="m} 1\n', "parse")]
+    for body, reason in cases:
+        with pytest.raises(ParseError) as info:
+            parse_vllm(body, target="t", timestamp=0)
+        assert info.value.reason == reason, body
