@@ -230,3 +230,47 @@ def test_pod_without_vllm_port_uses_vllm_container():
     p = pod("x", port=9999, args=["--model", "m/q", "-tp", "2"])
     t = pod_target(p, 8000)
     assert t.hints["tp"] == 2 and t.labels["container"] == "vllm"
+
+
+def test_serve_scrapes_the_pods_it_watches(api, captures, tmp_path, cli_env):
+    """`vllm-drift serve` with a `kubernetes:` section: pods (IP 127.0.0.1, port by annotation)
+    become targets and are scraped; a deleted pod stops being a target; GPU hints come along."""
+    import json as _json
+
+    import loopback
+    from test_serve import Daemon, get, samples, wait_for
+
+    body = captures["vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"]
+    sites = [loopback.Site(loopback.static({"/metrics": body, "/version": b'{"version":"0.10.1"}',
+                                            "/v1/models": b'{"data":[]}'})) for _ in range(2)]
+    for s in sites:
+        s.__enter__()
+    try:
+        api.add("nodes", node("gpu-a", "NVIDIA-H100-80GB-HBM3"))
+        for i, s in enumerate(sites):
+            api.add("pods", pod(f"qwen-{i}", ip="127.0.0.1", annotations={"vllm-drift.io/port": str(s.port)},
+                                args=["--model", "Qwen/Qwen3-4B", "--tensor-parallel-size", "2"]))
+        cfg = tmp_path / "serve.yaml"
+        cfg.write_text("scrape: {interval: 1s, timeout: 1s}\nevaluation: {interval: 2s, window: 60s}\n"
+                       f"kubernetes: {{namespace: llm, label_selector: 'app=vllm', kubeconfig: '{api.kubeconfig(str(tmp_path / 'kc'))}'}}\n")
+        d = Daemon(cfg, cli_env)
+        try:
+            urls = {s.url for s in sites}
+            wait_for(lambda: {k.split('"')[1] for k, v in samples(d.metrics(), "vllm_drift_target_up").items() if v == 1.0} == urls)
+            # the node list may arrive a moment after the pods: the GPU hint follows within a cycle
+            def hinted():
+                ts = {t["target"]: t for t in _json.loads(get(d.url + "/api/v1/targets")[1])["targets"]}
+                return ts if all(t["hints"].get("gpu") for t in ts.values()) else None
+
+            targets = wait_for(hinted)
+            assert set(targets) == urls
+            t = targets[sites[0].url]
+            assert t["source"] == "kubernetes"
+            assert (t["hints"]["gpu"], t["hints"]["tp"], t["hints"]["model"]) == ("H100-SXM-80GB", 2, "Qwen/Qwen3-4B")
+            api.delete("pods", pod("qwen-1", ip="127.0.0.1"))
+            wait_for(lambda: set(samples(d.metrics(), "vllm_drift_target_up")) == {f'{{target="{sites[0].url}"}}'})
+        finally:
+            d.stop()
+    finally:
+        for s in sites:
+            s.__exit__(None, None, None)
