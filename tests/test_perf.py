@@ -194,3 +194,13 @@ def test_kv_bound_saturation_stalls_decodes_by_preemption():
     # long outputs: most of the wait is recompute-preemption stalls between tokens
     assert over.tpot_s > 1.5 * at_cap.tpot_s
     assert over.queue_wait_s < 0.2 * (over.ttft_s + 4095 * over.tpot_s)
+
+
+def test_ttft_p99_exceeds_mean_under_poisson_load_and_grows_with_it():
+    s = _setup()
+    tr = Traffic(4000, 200)
+    light, busy = perf.predict(s, tr, rate=0.5), perf.predict(s, tr, rate=3)
+    assert not busy.saturated
+    assert light.ttft_p99_s >= light.ttft_s - 1e-9
+    assert busy.ttft_p99_s > busy.ttft_s
+    assert busy.ttft_p99_s - busy.ttft_s > light.ttft_p99_s - light.ttft_s

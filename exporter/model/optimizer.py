@@ -215,11 +215,11 @@ def replica_capacity(setup: Any, traffic: Traffic, slo: SLO) -> tuple[float, int
         if lim < b:
             b, why = lim, "TPOT SLO"
     p = predict(setup, traffic, concurrency=b)
-    while slo.ttft_p99_s is not None and p.ttft_s > slo.ttft_p99_s and b > 1:
+    while slo.ttft_p99_s is not None and p.ttft_p99_s > slo.ttft_p99_s and b > 1:
         b = max(b // 2, 1)
         why = "TTFT SLO"
         p = predict(setup, traffic, concurrency=b)
-    if slo.ttft_p99_s is not None and p.ttft_s > slo.ttft_p99_s:
+    if slo.ttft_p99_s is not None and p.ttft_p99_s > slo.ttft_p99_s:
         return 0.0, b, p, "TTFT SLO missed at batch 1"
     return p.requests_per_s, b, p, why
 

@@ -208,6 +208,7 @@ class Operating:
     queue_wait_s: float     # waiting for a slot (0 unless saturated)
     prefill_s: float        # own prefill steps
     saturated: bool
+    ttft_p99_s: float = math.inf
 
 
 def _chunks(prefill: float, budget: float) -> list[float]:
@@ -242,7 +243,7 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
     steps_out = max((out - 1.0) / tokens_per_step, 0.0)   # decode steps after the first token
     n = min(clients, capacity) if clients is not None else 1.0
     tbar = step_time_shape(shape, cal, n, n * ctx, 0.0, tokens_per_seq=tokens_per_seq)
-    ttft = prefill = wait_p = 0.0
+    ttft = prefill = wait_p = tail = 0.0
     x = 0.0
     saturated = False
     for _ in range(60):
@@ -292,6 +293,7 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
                 saturated = True  # prefill work alone fills the GPU: the queue grows
             rho = min(rho, 0.95)
             wait_p = rho / (2.0 * (1.0 - rho)) * own
+        tail = _wait_p99(wait_p, rho if rate is not None else None)
         ttft_new = cal.ttft_fixed_s + cal.ttft_steps * tbar_new + own + wait_p
         conv = abs(tbar_new - tbar) < 1e-7 * tbar and abs(ttft_new - ttft) < 1e-7 * max(ttft, 1e-9)
         tbar = 0.5 * tbar + 0.5 * tbar_new
@@ -321,9 +323,28 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
         queue = math.inf
         x = min(x, capacity / r_own)  # what the replica completes while the queue grows
     tpot = (tbar + (stall / steps_out if steps_out > 0 else 0.0)) / tokens_per_step
+    # p99: the prefill-queue tail, and when clients queue for a slot, the last of them waits about
+    # twice the mean (uniform spread of positions in the queue)
+    p99 = ttft - wait_p + tail + 2.0 * queue
     return Operating(ttft_s=ttft + queue, tpot_s=tpot, requests_per_s=x,
                      output_tokens_per_s=x * out, step_time_s=tbar, running=n,
-                     capacity=capacity, queue_wait_s=queue, prefill_s=prefill, saturated=saturated)
+                     capacity=capacity, queue_wait_s=queue, prefill_s=prefill, saturated=saturated,
+                     ttft_p99_s=p99)
+
+
+def _wait_p99(mean_wait: float, rho: float | None) -> float:
+    """99th percentile of the wait behind other prefills.
+
+    Open loop (M/D/1): a request waits with probability ~rho, and the wait of those that do is
+    close to exponential with mean mean_wait/rho, so P(W > t) ~ rho exp(-t rho / mean_wait).
+    Closed loop (clustered arrivals): the last of a cluster waits about twice the mean."""
+    if mean_wait <= 0:
+        return 0.0
+    if rho is None:
+        return 2.0 * mean_wait
+    if rho <= 0.01:
+        return 0.0
+    return mean_wait / rho * math.log(rho / 0.01)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,11 +479,12 @@ class Prediction:
     saturated: bool
     binding: str                    # what caps the running batch: "max_num_seqs" | "KV capacity"
     spec_tokens_per_step: float = 1.0
+    ttft_p99_s: float = math.inf    # tail of the prefill queue (what a p99 SLO is checked against)
 
     def as_dict(self) -> dict[str, Any]:
         def num(v: float) -> float | None:
             return None if v is None or math.isinf(v) or math.isnan(v) else round(v, 6)
-        return {"ttft_s": num(self.ttft_s), "tpot_s": num(self.tpot_s),
+        return {"ttft_s": num(self.ttft_s), "ttft_p99_s": num(self.ttft_p99_s), "tpot_s": num(self.tpot_s),
                 "output_tokens_per_s": num(self.output_tokens_per_s),
                 "requests_per_s": num(self.requests_per_s), "step_time_s": num(self.step_time_s),
                 "kv_limited_concurrency": num(self.kv_limited_concurrency),
@@ -518,7 +540,7 @@ def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
                       requests_per_s=op.requests_per_s, step_time_s=op.step_time_s,
                       kv_limited_concurrency=kv_conc, max_running=op.capacity, running=op.running,
                       queue_wait_s=op.queue_wait_s, saturated=op.saturated, binding=binding,
-                      spec_tokens_per_step=per_step)
+                      spec_tokens_per_step=per_step, ttft_p99_s=op.ttft_p99_s)
 
 
 def kv_slots(traffic: Any, kv_tokens: float, block_size: int = 16) -> float:

@@ -64,7 +64,7 @@ def _meets(pred: Any, slo: SLO) -> bool | None:
         return None
     ok = True
     if slo.ttft_p99_s is not None:
-        ok = ok and pred.ttft_s <= slo.ttft_p99_s
+        ok = ok and pred.ttft_p99_s <= slo.ttft_p99_s
     if slo.tpot_p99_s is not None:
         ok = ok and pred.tpot_s <= slo.tpot_p99_s
     return ok
