@@ -44,7 +44,8 @@ class Run:
     ground_truth: tuple[str, ...]
     acceptable: tuple[str, ...]
     reported: set[str] = field(default_factory=set)          # warning+ at the end
-    ever: set[str] = field(default_factory=set)              # warning+ at any evaluation after fill
+    ever: set[str] = field(default_factory=set)              # warning+ at any evaluation after onset
+    before: set[str] = field(default_factory=set)            # warning+ before a phase change
     first_seen: dict[str, float] = field(default_factory=dict)   # finding -> sim seconds since start
     onset_s: float = 0.0                                     # phase change (0: from the start)
     cause_s: float | None = None                             # first preemption after the phase change
@@ -94,6 +95,8 @@ def run_scenario(name: str, seed: int, *, scrape_s: float = 2.0, eval_s: float =
                 rep = ev.evaluate(spec, model, windows[model], snap, meta, start + t)
                 run.statuses.append(rep.status)
                 loud = {f.finding for f in rep.findings if f.severity in LOUD}
+                if t < onset:
+                    run.before |= loud
                 if t >= onset:
                     for f in loud:
                         run.first_seen.setdefault(f, t - onset)
@@ -112,6 +115,8 @@ def score(runs: Iterable[Run], eval_s: float, window_s: float) -> dict:
         for f in r.reported & truth:
             per.setdefault(f, {"tp": 0, "fp": 0, "fn": 0})["tp"] += 1
         for f in r.ever - ok:          # a false alarm at any evaluation counts
+            per.setdefault(f, {"tp": 0, "fp": 0, "fn": 0})["fp"] += 1
+        for f in r.before:             # before a phase change the server is healthy
             per.setdefault(f, {"tp": 0, "fp": 0, "fn": 0})["fp"] += 1
         for f in truth - r.reported:
             per.setdefault(f, {"tp": 0, "fp": 0, "fn": 0})["fn"] += 1

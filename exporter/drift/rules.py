@@ -107,13 +107,21 @@ def unavailable(what: str, needs: str, how: str = "") -> Finding:
 
 
 # ---------------------------------------------------------------- shared estimates
+def victim_tokens(x: DriftInput) -> float:
+    """Tokens a preemption throws away. V1 preemption is recompute-only and picks the most
+    recently admitted request (FCFS): its prompt (less prefix hits) and the output it made so far,
+    about 1/(N+1) of an output when N requests run at evenly spread ages."""
+    if x.prompt_mean is not None and x.output_mean is not None:
+        n = max(x.running_mean or 0.0, 0.0)
+        return x.prompt_mean * (1.0 - (x.prefix_hit_ratio or 0.0)) + x.output_mean / (n + 1.0)
+    return x.resident_tokens or 0.0
+
+
 def recompute_share(x: DriftInput) -> float | None:
-    """Share of the engine's token work spent recomputing preempted requests: each preemption
-    throws away the victim's resident tokens (V1 preemption is recompute-only)."""
+    """Share of the engine's token work spent recomputing preempted requests."""
     if x.preemptions_ps is None or x.prompt_tps is None or x.generation_tps is None:
         return None
-    resident = x.resident_tokens or 0.0
-    lost = x.preemptions_ps * resident
+    lost = x.preemptions_ps * victim_tokens(x)
     useful = x.prompt_tps + x.generation_tps
     if lost <= 0:
         return 0.0
