@@ -42,6 +42,7 @@ class StateStore:
 
     def load(self) -> dict[str, Any] | None:
         """The saved document's payload, or None (no file, or a bad one that was set aside)."""
+        self.remove_stale_temps()
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -71,6 +72,25 @@ class StateStore:
             return None
         log.info("state loaded", path=str(self.path), saved_at=doc.get("saved_at"))
         return payload
+
+    def remove_stale_temps(self) -> int:
+        """Delete temp files a killed writer left behind (`.<name>.*.tmp`). Called at start-up,
+        when this process is the directory's only writer; without it every crash mid-save would
+        leave a state-sized file in the volume for good."""
+        removed = 0
+        try:
+            stale = list(self.dir.glob(f".{self.path.name}.*.tmp"))
+        except OSError:
+            return 0
+        for p in stale:
+            try:
+                p.unlink()
+                removed += 1
+            except OSError:
+                pass
+        if removed:
+            log.info("removed temp files of an interrupted save", path=str(self.dir), count=removed)
+        return removed
 
     def set_aside(self) -> Path | None:
         dest = self.path.with_name(f"{self.path.name}.corrupt-{int(self.clock())}")
