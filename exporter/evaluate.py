@@ -150,6 +150,8 @@ class Evaluator:
             findings = [Finding("insufficient_data", "info", 0.0, explanation=why)]
             findings += tracker.hold(now, x.window_s)
         findings = sorted(findings, key=_order)
+        if status != "unavailable":
+            observed = {**observed, "derived": _derived(x)}
         return self._report(spec, model_name, version, latest, observed, x, raw, findings, status,
                             notes, now)
 
@@ -269,3 +271,20 @@ def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
         else:
             out[k] = float(f"{1.1 ** round(math.log(v) / math.log(1.1)):.4g}")
     return out
+
+
+def _derived(x: DriftInput) -> dict[str, Any]:
+    """The intermediate quantities the scores are computed from (docs/scores.md), so a reader can
+    check a finding's arithmetic."""
+    from exporter.drift.rules import configured_max_num_seqs, kv_bound, queue_share, recompute_share, victim_tokens
+    mns, how = configured_max_num_seqs(x)
+
+    def r(v: float | None, nd: int = 4) -> float | None:
+        return None if v is None else round(float(v), nd)
+    return {"kv_capacity_tokens": r(x.capacity_tokens, 0), "resident_tokens_per_request": r(x.resident_tokens, 1),
+            "kv_bound_requests": kv_bound(x), "concurrency": r(x.concurrency, 3),
+            "busy_fraction": r(x.busy_fraction), "preempted_tokens_per_preemption": r(victim_tokens(x), 1),
+            "recompute_share": r(recompute_share(x)), "queue_share": r(queue_share(x)),
+            "max_num_seqs": mns, "max_num_seqs_source": how, "prompt_p25_tokens": r(x.prompt_p25, 1),
+            "prompt_plus_output_p99_tokens": r(x.needed_len_p99, 0), "gpu": x.gpu, "model": x.model,
+            "missing_hints": list(x.missing_hints)}

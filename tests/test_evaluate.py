@@ -257,3 +257,29 @@ def test_vanished_targets_are_forgotten_and_events_reported():
     g.advance(30)
     g.ev.evaluate(g.spec, g.snap.model_name, g.window, g.snap, g.meta, 1.7e9 + 7200 + g.t)
     assert list(f.ev.trackers) == [Evaluator.key("http://127.0.0.1:2", g.snap.model_name)]
+
+
+def test_report_carries_the_derived_quantities_behind_the_scores():
+    f = Feed("max-num-seqs-too-low")
+    last = f.advance(90)[-1]
+    d = last.observed["derived"]
+    mns = next(x for x in last.findings if x.finding == "max_num_seqs")
+    assert d["max_num_seqs"] == mns.configured == 6 and d["max_num_seqs_source"].startswith("inferred")
+    assert d["queue_share"] > 0 and d["kv_bound_requests"] >= mns.recommended
+    assert d["gpu"] == "L4" and d["model"] and d["missing_hints"] == []
+
+
+def test_reload_keeps_the_stable_state():
+    f = Feed("kv-pressure")
+    f.advance(90)
+    again = Evaluator(f.cfg, previous=f.ev)
+    assert again.trackers is f.ev.trackers and again.trackers
+
+
+def test_unknown_model_and_gpu_hints_are_named():
+    from exporter.drift.predict import resolve_hints
+    res = resolve_hints(["my-private-finetune"], "H100-SXM-80GB")
+    assert res.model is None and res.missing == ("model",)
+    assert "targets[].model" in res.notes[0] and "my-private-finetune" in res.notes[0]
+    res = resolve_hints(["meta-llama/Llama-3.1-8B-Instruct"], "Quantum-GPU-9000")
+    assert res.model is not None and res.missing == ("gpu",) and "Quantum-GPU-9000" in res.notes[0]
