@@ -150,8 +150,6 @@ class Evaluator:
             findings = [Finding("insufficient_data", "info", 0.0, explanation=why)]
             findings += tracker.hold(now, x.window_s)
         findings = sorted(findings, key=_order)
-        if status != "unavailable":
-            observed = {**observed, "derived": _derived(x)}
         return self._report(spec, model_name, version, latest, observed, x, raw, findings, status,
                             notes, now)
 
@@ -209,7 +207,8 @@ class Evaluator:
             waste_dollars_per_hour=waste, predicted_kv_cache_tokens=pred.kv_cache_tokens,
             predicted_tpot_seconds=pred.tpot_s, observed_kv_cache_tokens_ratio=ratio,
             notes=tuple(dict.fromkeys(notes)), evaluated_at=now,
-            events=tuple(self.trackers[self.key(spec.url, model_name)].events[-5:]))
+            events=tuple(self.trackers[self.key(spec.url, model_name)].events[-5:]),
+            derived=_derived(x) if status != "unavailable" else {})
 
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}

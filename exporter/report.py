@@ -62,6 +62,7 @@ class ModelReport:
     notes: tuple[str, ...] = ()
     evaluated_at: float | None = None
     events: tuple[dict[str, Any], ...] = ()                # recent config-change events
+    derived: dict[str, Any] = field(default_factory=dict)  # quantities the scores come from
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -86,6 +87,7 @@ class ModelReport:
                           "observed_to_predicted_kv_ratio": self.observed_kv_cache_tokens_ratio},
             "notes": list(self.notes),
             "events": list(self.events),
+            "derived": self.derived,
             "evaluated_at": self.evaluated_at,
         }
         return out

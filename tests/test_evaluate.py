@@ -262,7 +262,8 @@ def test_vanished_targets_are_forgotten_and_events_reported():
 def test_report_carries_the_derived_quantities_behind_the_scores():
     f = Feed("max-num-seqs-too-low")
     last = f.advance(90)[-1]
-    d = last.observed["derived"]
+    d = last.derived
+    assert last.to_json()["derived"] == d
     mns = next(x for x in last.findings if x.finding == "max_num_seqs")
     assert d["max_num_seqs"] == mns.configured == 6 and d["max_num_seqs_source"].startswith("inferred")
     assert d["queue_share"] > 0 and d["kv_bound_requests"] >= mns.recommended
