@@ -63,8 +63,8 @@ class Calibration:
     source: str
 
 
-_FIT_SOURCE = ("fitted by benchmarks/accuracy_latency.py --fit on ../shared/fixtures/"
-               "throughput-observations.csv (H100-SXM and H200-SXM rows)")
+_FIT_SOURCE = ("Nelder-Mead fit of the objective in benchmarks/accuracy_latency.py (--fit reruns it) on "
+               "../shared/fixtures/throughput-observations.csv, H100-SXM and H200-SXM rows, c <= 256")
 
 # Hopper is the only class with measured rows; the others start from the Hopper factors (the
 # physics — bandwidth, peak FLOPs, link — differs per GPU through the catalog) and say so.
