@@ -260,6 +260,9 @@ class Daemon:
                 win = st.windows[snap.model_name] = self._new_window(url, snap.model_name, window_s)
             win.observe(snap)
             st.latest[snap.model_name] = snap
+        if self._restored_windows and not quiet:   # a restored model this target no longer serves
+            for key in [k for k in self._restored_windows if k[0] == url and k[1] not in seen]:
+                del self._restored_windows[key]
         for gone in set(st.latest) - seen:
             st.latest.pop(gone, None)
             st.windows.pop(gone, None)
@@ -487,6 +490,11 @@ class Daemon:
             return
         windows = {f"{url}|{model}": window_to_dict(win)
                    for url, st in self.targets.items() for model, win in st.windows.items()}
+        # Windows restored at start-up wait for their target's first good scrape; a save before
+        # then (a slow first cycle, a target still down) must carry them over, not drop them.
+        for (url, model), saved in self._restored_windows.items():
+            if self.cycles == 0 or url in self.targets:
+                windows.setdefault(f"{url}|{model}", saved)
         store.save({"evaluator": self.evaluator.to_dict(), "windows": windows})
 
     def _new_window(self, url: str, model: str, window_s: float) -> Window:
