@@ -201,3 +201,35 @@ def test_corrupt_state_file_is_set_aside_and_reported(content, shared, tmp_path,
     aside = [p for p in state.iterdir() if ".corrupt-" in p.name]
     assert len(aside) == 1 and aside[0].read_bytes() == content
     assert json.loads((state / STATE_FILE).read_bytes())["format"] == "vllm-drift-state"   # saved anew
+
+
+def test_window_of_a_target_down_at_restart_is_kept(shared, tmp_path, cli_env):
+    """A daemon restarted while a target is down (a node reboot takes both) saves its state
+    several times before that target comes back: the target's restored window must survive
+    those saves instead of being dropped from the file."""
+    body = shared("fixtures", "prom", CAPTURE).read_bytes()
+    state = tmp_path / "state"
+    site = loopback.Site(loopback.static({"/metrics": body}))
+    site.__enter__()
+    url = site.url
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scrape: {interval: 0.5s, timeout: 0.5s}\nevaluation: {interval: 0.5s, window: 600s}\n"
+                   f"state_dir: {state}\ntargets:\n  - url: {url}\n")
+    try:
+        d = Launched(cfg, cli_env, tmp_path, save_every=0.0)
+        d.wait_ready()
+        time.sleep(1.5)
+        assert d.stop() == 0
+    finally:
+        site.__exit__(None, None, None)
+    saved = StateStore(state).load()["windows"]
+    assert [k for k in saved if k.startswith(url + "|")]
+    d = Launched(cfg, cli_env, tmp_path, save_every=0.0)       # the target is down now
+    try:
+        d.wait_ready()
+        wait_for(lambda: samples(d.metrics(), "vllm_drift_scrape_errors_total").get(
+            f'{{reason="connect",target="{url}"}}', 0) >= 3, 20)
+    finally:
+        assert d.stop() == 0
+    again = StateStore(state).load()["windows"]
+    assert set(again) == set(saved) and all(again[k] == saved[k] for k in saved)
