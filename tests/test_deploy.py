@@ -424,3 +424,37 @@ def test_dashboards_configmap_is_generated_and_holds_the_dashboards():
     assert {k: json.loads(v) for k, v in cm["data"].items()} == files
     # kubectl apply keeps the whole object in an annotation limited to 256 KiB
     assert len(path.read_bytes()) < 200_000
+
+
+def test_state_dir_is_a_writable_volume_under_a_read_only_root():
+    """The daemon writes only its state file: every shipped deployment runs it with a read-only
+    root filesystem, sets `state_dir`, and mounts a writable volume exactly there; the image
+    creates that directory owned by its unprivileged user (a named volume inherits the owner)."""
+    ins = dockerfile()
+    uid = [arg for op, arg in ins if op == "USER"][-1].split(":")[0]
+    assert any(op == "RUN" and re.search(rf"install -d -o {uid} -g \d+ (-m \d+ )?/var/lib/vllm-drift", arg)
+               for op, arg in ins)
+    configs = dict(_daemon_configs())
+    for src, cfg in configs.items():
+        assert cfg.get("state_dir") == "/var/lib/vllm-drift", src
+    svc = compose()["services"]["vllm-drift"]
+    assert svc.get("read_only") is True and "/tmp" in svc.get("tmpfs", [])
+    named = set(compose().get("volumes") or {})
+    assert any(v.split(":")[0] in named and v.split(":")[1] == "/var/lib/vllm-drift" and not v.endswith(":ro")
+               for v in svc["volumes"])
+    for f in ("fleet.yaml", "sidecar.yaml"):
+        docs = list(yaml.safe_load_all((K8S / f).read_text()))
+        config_maps = {d["metadata"]["name"]: yaml.safe_load(d["data"]["config.yaml"])
+                       for d in docs if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})}
+        for dep in (d for d in docs if d["kind"] == "Deployment"):
+            spec = dep["spec"]["template"]["spec"]
+            volumes = {v["name"]: v for v in spec.get("volumes") or []}
+            for c in spec["containers"]:
+                if "vllm-drift" not in c["image"]:
+                    continue
+                mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+                cfg_vol = volumes[mounts["/etc/vllm-drift"]["name"]]
+                state_dir = config_maps[cfg_vol["configMap"]["name"]]["state_dir"]
+                m = mounts[state_dir]
+                assert not m.get("readOnly") and ({"emptyDir", "persistentVolumeClaim"} & set(volumes[m["name"]])), f
+                assert c["securityContext"]["readOnlyRootFilesystem"] is True, f
