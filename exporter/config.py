@@ -208,12 +208,26 @@ class DCGMConfig(_Strict):
     interval: Duration = 60.0
 
 
+_BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
+
+
 class WebConfig(_Strict):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     client_ca_file: str | None = None
     basic_auth_users: dict[str, str] = Field(default_factory=dict)   # user -> bcrypt hash
     open_health: bool = True          # leave /-/healthy open when auth is on
+
+    @field_validator("basic_auth_users")
+    @classmethod
+    def _bcrypt_hashes(cls, v: dict[str, str]) -> dict[str, str]:
+        """A plaintext password here would lock everyone out at run time; refuse it at load,
+        without echoing the value (it may be a real password)."""
+        for user, hashed in v.items():
+            if not _BCRYPT.fullmatch(hashed):
+                raise ValueError(f"the value for user {user!r} is not a bcrypt hash ($2b$..., 60 characters; "
+                                 "make one with `htpasswd -nbBC 12 USER PASSWORD`); the value is not shown")
+        return v
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "WebConfig":
