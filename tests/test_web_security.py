@@ -3,6 +3,7 @@ import base64
 import datetime
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 import ipaddress
 
@@ -99,7 +100,8 @@ def test_basic_auth_on_every_endpoint():
 
 
 def test_malformed_authorization_headers_are_refused():
-    srv = serve(WebConfig(basic_auth_users={"admin": HASH, "broken": "not-a-bcrypt-hash"}))
+    # the loader refuses a non-bcrypt value (test_config); the server must still not crash on one
+    srv = serve(WebConfig.model_construct(basic_auth_users={"admin": HASH, "broken": "not-a-bcrypt-hash"}))
     base = f"http://127.0.0.1:{srv.port}/metrics"
     try:
         for header in ("Basic !!!", "Bearer x", "Basic " + base64.b64encode(b"no-colon").decode(), "Basic "):
@@ -145,3 +147,101 @@ def test_tls_and_auth_together(pki):
         assert call(url, ctx=ctx, auth=("admin", "s3cret"))[0] == 200
     finally:
         srv.stop()
+
+
+# ---- a real daemon: secrets stay out of the logs, request parameters never become targets ----
+PASSWORD = "Pa55-w0rd-only-in-this-test"
+
+
+def test_secrets_never_logged(tmp_path, cli_env):
+    """Failed and successful logins, a good reload, a reload with broken YAML, and a reload with a
+    plaintext password where the hash belongs: stderr never holds the password, the hash, the
+    Authorization header, or the mistaken plaintext."""
+    import signal
+    import time
+
+    import loopback
+    from test_faults import Serve, samples, wait_for
+
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    plaintext = "plain-text-mistake-4242"
+    with loopback.Site(loopback.static({"/metrics": b"# TYPE node_load1 gauge\nnode_load1 1\n"})) as site:
+        good = (f"scrape: {{interval: 1s, timeout: 1s}}\nevaluation: {{interval: 1s, window: 60s}}\n"
+                f"targets:\n  - url: {site.url}\nweb:\n  basic_auth_users:\n    admin: '{hashed}'\n")
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(good)
+        d = Serve(cfg, cli_env, tmp_path)
+        auth = ("admin", PASSWORD)
+        try:
+            wait_for(lambda: call(d.url + "/-/ready", auth=auth)[0] == 200)
+            for creds in (None, ("admin", "wrong-" + PASSWORD), ("nobody", PASSWORD), auth, auth):
+                call(d.url + "/metrics", auth=creds)
+            assert call(d.url + "/metrics", auth=auth)[0] == 200
+            assert call(d.url + "/metrics", auth=("admin", "wrong"))[0] == 401
+            reloads = lambda: samples(call(d.url + "/metrics", auth=auth)[1].decode(), "vllm_drift_config_reloads_total").get("", 0)
+            failures = lambda: samples(call(d.url + "/metrics", auth=auth)[1].decode(),
+                                       "vllm_drift_config_reload_failures_total").get("", 0)
+            d.proc.send_signal(signal.SIGHUP)                          # a good reload
+            wait_for(lambda: reloads() >= 1)
+            cfg.write_text(good.replace(f"admin: '{hashed}'", f"admin: '{hashed}\n  oops: ["))
+            d.proc.send_signal(signal.SIGHUP)                          # broken YAML around the hash
+            wait_for(lambda: failures() >= 1)
+            cfg.write_text(good.replace(hashed, plaintext))
+            d.proc.send_signal(signal.SIGHUP)                          # a password where the hash goes
+            wait_for(lambda: failures() >= 2)
+            assert call(d.url + "/metrics", auth=auth)[0] == 200      # the last good config holds
+            time.sleep(0.5)
+        finally:
+            assert d.stop() == 0
+    log = d.log()
+    assert "config reload failed" in log and "is not a bcrypt hash" in log and "config reloaded" in log
+    for secret in (PASSWORD, hashed, hashed[7:29], plaintext, base64.b64encode(f"admin:{PASSWORD}".encode()).decode(),
+                   base64.b64encode(f"admin:wrong-{PASSWORD}".encode()).decode()):
+        assert secret not in log, secret
+
+
+def test_request_parameters_never_make_the_daemon_fetch(tmp_path, cli_env):
+    """There is no /probe: a URL in a query parameter, a path, a header or a POST body of any
+    endpoint is never fetched. A loopback server stands where the parameter points and must
+    see no request at all, while the configured target is scraped normally."""
+    import http.client
+    import time
+
+    import loopback
+    from test_faults import Serve, samples, wait_for
+
+    body = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 1\n"
+    with loopback.Site(loopback.static({"/metrics": body})) as target, \
+            loopback.Site(loopback.static({"/metrics": body})) as bait:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text("scrape: {interval: 0.5s, timeout: 0.5s}\nevaluation: {interval: 1s, window: 60s}\n"
+                       f"targets:\n  - url: {target.url}\n")
+        d = Serve(cfg, cli_env, tmp_path)
+        try:
+            d.wait_ready()
+            b = bait.url
+            paths = [f"/metrics?target={b}", f"/metrics?target={b}/metrics&module=vllm",
+                     f"/api/v1/findings?target={b}", f"/api/v1/targets?url={b}", f"/probe?target={b}",
+                     f"/-/reload?target={b}", f"/?target={b}", f"/{b}/metrics", f"/metrics/{b}",
+                     "/api/v1/findings?target=" + urllib.parse.quote(b, safe="")]
+            for path in paths:
+                for method in ("GET", "POST", "HEAD"):
+                    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=5)
+                    conn.request(method, path, body=f"target={b}" if method == "POST" else None,
+                                 headers={"X-Target": b, "Host": b.split("//")[1]})
+                    conn.getresponse().read()
+                    conn.close()
+            n = len(target.requests)
+            wait_for(lambda: len(target.requests) >= n + 2, timeout=10)   # two more scrape cycles
+            time.sleep(0.5)
+            up = samples(d.metrics(), "vllm_drift_target_up")
+            assert list(up) == [f'{{target="{target.url}"}}'], up
+            assert b not in d.metrics() and b not in get_findings(d)
+        finally:
+            assert d.stop() == 0
+        assert bait.requests == [], bait.requests
+
+
+def get_findings(d) -> str:
+    with urllib.request.urlopen(d.url + "/api/v1/findings", timeout=5) as r:
+        return r.read().decode()
