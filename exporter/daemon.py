@@ -124,6 +124,9 @@ class Daemon:
             return build_discovery(cfg, on_error=self._discovery_error)
         from exporter.query.reader import PrometheusReader
 
+        if cfg.targets or cfg.file_sd or cfg.kubernetes:
+            log.warning("query mode: targets come from Prometheus; targets, file_sd and kubernetes are not used",
+                        prometheus=cfg.prometheus.url)
         self.reader = PrometheusReader(cfg.prometheus, on_error=self._discovery_error)
         return Discovery([self.reader], defaults=cfg.defaults, shard_index=cfg.shard.index,
                          shard_count=cfg.shard.count)
