@@ -141,7 +141,7 @@ def test_idle_capacity_monotonic():
 def test_tier_misplacement_needs_hints_and_prices_the_waste():
     [u] = rule_tier_misplacement(HEALTHY)
     assert u.finding == "unavailable" and "targets[].gpu" in u.explanation
-    pred = Prediction(tiers=(TierOption("L4", 1, 1, 0.8, True),), current_cost_per_hour=3.0, current_meets_slo=True)
+    pred = Prediction(tiers=(TierOption("L4", 1, 1, 0.8, True),), current_cost_per_hour=3.0)
     x = replace(HEALTHY, missing_hints=(), gpu="H100-SXM-80GB", prediction=pred)
     [f] = rule_tier_misplacement(x)
     assert f.recommended == "L4" and abs(f.score - (1 - 0.8 / 3.0)) < 1e-3 and "$2.20/h" in f.explanation
@@ -174,3 +174,12 @@ def test_missed_spec_gain_is_info_unless_it_would_fix_a_missed_tpot_slo():
     [g] = rule_speculative_decoding(slow)
     assert g.severity in ("warning", "critical") and g.score >= 1 - 0.05 / 0.07 - 1e-9
     assert rule_speculative_decoding(replace(x, prediction=Prediction(spec_missed_speedup=1.05))) == []
+
+
+def test_tier_that_observably_misses_a_set_slo_gets_a_bigger_one():
+    pred = Prediction(tiers=(TierOption("L40S", 1, 1, 1.95, True),), current_cost_per_hour=0.8)
+    x = replace(HEALTHY, missing_hints=(), gpu="L4", prediction=pred, slo_tpot_s=0.05, tpot_p99=0.09)
+    [f] = rule_tier_misplacement(x)
+    assert f.binding == "slo" and f.recommended == "L40S" and f.severity == "warning"
+    # without a configured SLO, a slower tier is not "missing" anything
+    assert rule_tier_misplacement(replace(x, slo_tpot_s=None)) == []

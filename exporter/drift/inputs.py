@@ -28,7 +28,6 @@ class Prediction:
     fp8_kv_supported: bool | None = None        # the GPU has an fp8 path
     tiers: tuple["TierOption", ...] = ()        # cheapest first, same SLOs at the observed load
     current_cost_per_hour: float | None = None  # $/h of the current replica (GPUs x price)
-    current_meets_slo: bool | None = None
     current_max_rps: float | None = None        # sustainable request rate at the SLOs
     notes: tuple[str, ...] = ()
 

@@ -250,6 +250,6 @@ def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None
 
 
 def _tier(t: Any) -> TierOption:
-    get = (lambda k: t.get(k)) if isinstance(t, Mapping) else (lambda k: getattr(t, k, None))
-    return TierOption(gpu=str(get("gpu")), tp=int(get("tp") or 1), replicas=int(get("replicas") or 1),
-                      dollars_per_hour=float(get("dollars_per_hour") or 0.0), meets_slo=bool(get("meets_slo")))
+    """`exporter.model.optimizer.Tier` -> the drift engine's own small value."""
+    return TierOption(gpu=t.gpu, tp=int(t.tp), replicas=int(t.replicas),
+                      dollars_per_hour=float(t.dollars_per_hour), meets_slo=bool(t.meets_slo))

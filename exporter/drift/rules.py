@@ -559,12 +559,14 @@ def rule_tier_misplacement(x: DriftInput) -> list[Finding]:
     best = p.tiers[0]
     cur = p.current_cost_per_hour
     # "cannot meet": only against SLOs the operator set, and only when observed (not predicted)
-    missed = ((x.slo_tpot_s is not None and x.tpot_p99 is not None and x.tpot_p99 > x.slo_tpot_s)
-              or (x.slo_ttft_s is not None and x.ttft_p99 is not None and x.ttft_p99 > x.slo_ttft_s))
-    if missed and (best.gpu != x.gpu or best.tp != x.tp) and best.dollars_per_hour >= cur:
-        expl = (f"{x.gpu} x{x.tp} cannot meet the SLOs at the observed load; {best.gpu} x{best.tp} "
-                f"x{best.replicas} replicas can for ${best.dollars_per_hour:.2f}/h.")
-        return [_finding("tier_misplacement", 0.5, expl, configured=x.gpu, recommended=best.gpu,
+    misses = [1.0 - slo / seen for slo, seen in ((x.slo_tpot_s, x.tpot_p99), (x.slo_ttft_s, x.ttft_p99))
+              if slo is not None and seen is not None and seen > slo]
+    if misses and (best.gpu != x.gpu or best.tp != x.tp) and best.dollars_per_hour >= cur:
+        # the loss is the SLO miss itself: the share of the latency over its target
+        expl = (f"{x.gpu} x{x.tp} misses the SLOs at the observed load (by {_pct(max(misses))} of "
+                f"its latency); {best.gpu} x{best.tp} x{best.replicas} replicas meets them for "
+                f"${best.dollars_per_hour:.2f}/h.")
+        return [_finding("tier_misplacement", max(misses), expl, configured=x.gpu, recommended=best.gpu,
                          binding="slo")]
     if best.dollars_per_hour >= cur * 0.95:
         return []
