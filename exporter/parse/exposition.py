@@ -79,6 +79,7 @@ _ESCAPING = re.compile(r'\\[\\n"]')
 _HELP_ESCAPING = re.compile(r"\\[\\n]")
 
 _new_sample = tuple.__new__
+_FLOAT_START = frozenset("0123456789.")
 
 
 def _help_unescape(m: re.Match[str]) -> str:
@@ -408,6 +409,13 @@ class Reader:
                             r = line[i + 1:]
                             v = values.get(r)
                             if v is not None:
+                                sample = new(Sample, (hit[0], hit[1], v, None))
+                            elif (r[:1] == " " and (f := r[1:])[:1] in _FLOAT_START and " " not in f
+                                  and "\t" not in f and "_" not in f and not f.isdecimal()):
+                                # " 1.5e+03": a plain non-integer value, prometheus_client's float()
+                                v = float(f)
+                                if len(values) < max_values:
+                                    values[r] = v
                                 sample = new(Sample, (hit[0], hit[1], v, None))
                             else:
                                 v, ts = _value_and_timestamp(r)
