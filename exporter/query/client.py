@@ -64,6 +64,11 @@ class PromAPI:
             out.append(Series(dict(item.get("metric") or {}), value, ts))
         return out
 
+    async def instant_items(self, encoded_query: str, at: float) -> list[dict]:
+        """`instant` for a query already form-encoded (`query=...`), returning the raw result
+        items (`{"metric": {...}, "value": [t, "v"]}`): the daemon's per-target hot path."""
+        return await self._call("/api/v1/query", f"{encoded_query}&time={at:.3f}", "vector")
+
     async def range(self, query: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
         """Evaluate a range query -> [(labels, [(t, value), ...]), ...]."""
         form = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{max(step, 0.001):.3f}"}
@@ -81,12 +86,16 @@ class PromAPI:
         except (TypeError, ValueError):
             raise QueryError("query_bad_response", f"{self.base_url}: malformed sample {str(pair)[:120]}") from None
 
-    async def _call(self, path: str, form: dict[str, str], result_type: str) -> list[dict]:
+    async def _call(self, path: str, form: dict[str, str] | str, result_type: str) -> list[dict]:
         url = self.base_url + path
+        if isinstance(form, str):
+            kw = {"content": form.encode(), "headers": {"Content-Type": "application/x-www-form-urlencoded"}}
+        else:
+            kw = {"data": form}
         async with self.semaphore:
             try:
                 async with asyncio.timeout(self.timeout):
-                    resp = await self.client.post(url, data=form)
+                    resp = await self.client.post(url, **kw)
             except TimeoutError:
                 raise QueryError("query_timeout", f"{url}: no answer within {self.timeout:g}s") from None
             except httpx.TimeoutException:

@@ -47,52 +47,54 @@ def name_regex() -> str:
     return "|".join(CANONICAL_SAMPLE_NAMES)
 
 
-def strip_target_labels(series: list[tuple[dict[str, str], float]], target_label: str) -> list[tuple[dict[str, str], float]]:
-    """Drop the labels Prometheus (and relabelling) attached to every series of the target."""
-    if not series:
-        return series
-    drop = set(PROMETHEUS_LABELS) | {target_label}
-    first = series[0][0]
-    constant = {k: v for k, v in first.items() if k not in KEEP_LABELS and k != "__name__"}
-    for labels, _ in series[1:]:
-        if not constant:
-            break
-        for k in [k for k, v in constant.items() if labels.get(k) != v]:
-            del constant[k]
+def target_constant_labels(series: list[tuple[dict[str, str], float]], target_label: str) -> frozenset[str]:
+    """The labels Prometheus (and relabelling) attached to every series of the target: `job`,
+    `instance`, the target label, and any other label with one value on all of its series."""
+    drop = set(PROMETHEUS_LABELS)
+    drop.add(target_label)
     if len(series) > 1:
-        drop |= set(constant)
+        first = series[0][0]
+        constant = {k: v for k, v in first.items() if k not in KEEP_LABELS and k != "__name__"}
+        for labels, _ in series[1:]:
+            if not constant:
+                break
+            for k in [k for k, v in constant.items() if labels.get(k) != v]:
+                del constant[k]
+        drop.update(constant)
+    return frozenset(drop)
+
+
+def strip_target_labels(series: list[tuple[dict[str, str], float]], target_label: str) -> list[tuple[dict[str, str], float]]:
+    """The series without the labels `target_constant_labels` names."""
+    drop = target_constant_labels(series, target_label)
     return [({k: v for k, v in labels.items() if k not in drop}, value) for labels, value in series]
 
 
-def to_families(series: Iterable[tuple[Mapping[str, str], float]]) -> list[Family]:
+def to_families(series: Iterable[tuple[Mapping[str, str], float]], drop: frozenset[str] = frozenset()) -> list[Family]:
     """Series (`__name__` among the labels) -> exposition families in the canonicaliser's shape,
-    histogram buckets in ascending `le` order as an exposition lists them."""
+    without the labels in `drop`. Sample order within a family does not matter: the
+    canonicaliser sorts histogram bounds itself."""
     families: dict[str, Family] = {}
+    family_of = _FAMILY_OF
+    skip = drop | {"__name__"}
     for labels, value in series:
         name = labels.get("__name__")
         if not name:
             continue
-        fam_name, kind = _FAMILY_OF.get(name, (name, "unknown"))
-        fam = families.get(fam_name)
+        fam = families.get(name)
         if fam is None:
-            fam = families[fam_name] = Family(fam_name, kind, "")
-        rest = {k: v for k, v in labels.items() if k != "__name__"}
+            fam_name, kind = family_of.get(name, (name, "unknown"))
+            fam = families.get(fam_name)
+            if fam is None:
+                fam = Family(fam_name, kind, "")
+                families[fam_name] = fam
+            families[name] = fam          # later samples of this name find their family at once
+        rest = {k: v for k, v in labels.items() if k not in skip}
         fam.samples.append(Sample(name, rest, float(value), None))
+    seen: set[int] = set()
+    out = []
     for fam in families.values():
-        if fam.type == "histogram":
-            fam.samples.sort(key=_sample_order)
-    return list(families.values())
-
-
-_SUFFIX_ORDER = {"_bucket": 0, "_count": 1, "_sum": 2, "_created": 3}
-
-
-def _sample_order(s: Sample) -> tuple:
-    suffix = next((k for k in _SUFFIX_ORDER if s.name.endswith(k)), "")
-    le = s.labels.get("le")
-    try:
-        bound = float(le) if le is not None else 0.0
-    except ValueError:
-        bound = 0.0
-    others = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
-    return (others, _SUFFIX_ORDER.get(suffix, 9), bound)
+        if id(fam) not in seen:
+            seen.add(id(fam))
+            out.append(fam)
+    return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Callable
+from urllib.parse import urlencode
 
 import structlog
 from pydantic import ValidationError
@@ -29,7 +30,7 @@ from exporter.errors import ParseError
 from exporter.parse.canonical import canonicalise
 from exporter.parse.snapshot import Snapshot
 from exporter.query.client import PromAPI, QueryError
-from exporter.query.families import name_regex, strip_target_labels, to_families
+from exporter.query.families import name_regex, target_constant_labels, to_families
 
 log = structlog.get_logger("vllm_drift.query")
 
@@ -40,6 +41,13 @@ PSEUDO = "vllm_drift_series"
 
 def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _value(item: dict) -> float:
+    try:
+        return float(item["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise QueryError("query_bad_response", f"malformed sample {str(item)[:120]}") from None
 
 
 def target_url(label_value: str) -> str:
@@ -68,6 +76,7 @@ class PrometheusReader:
         self._names = name_regex()
         self._targets: list[TargetSpec] = []
         self._label_of: dict[str, str] = {}
+        self._encoded: dict[str, str] = {}
         self.refreshed = False
 
     def _report(self, message: str) -> None:
@@ -139,7 +148,7 @@ class PrometheusReader:
             raise QueryError("target_down", f"{url}: Prometheus reports up == 0 for this target")
         if not vllm:
             raise QueryError("no_series", f"{url}: no vLLM series in Prometheus for this target at {at:.0f}")
-        families = to_families(strip_target_labels(vllm, self.cfg.target_label))
+        families = to_families(vllm, target_constant_labels(vllm, self.cfg.target_label))
         try:
             return canonicalise(families, target=url, timestamp=scraped if scraped else at)
         except ParseError as exc:
@@ -148,8 +157,13 @@ class PrometheusReader:
     async def read(self, spec: TargetSpec, at: float) -> list[Snapshot]:
         """The target's Snapshots as of `at` (stamped with the scrape time Prometheus recorded)."""
         value = self._label_of.get(spec.url) or spec.labels.get(self.cfg.target_label) or spec.name or spec.url
-        vector = await self.api.instant(self._target_query(value), at)
-        return self._snapshots(spec.url, [(s.labels, s.value) for s in vector], at)
+        encoded = self._encoded.get(value)
+        if encoded is None:            # the query text never changes for a target: encode it once
+            if len(self._encoded) > 100_000:
+                self._encoded.clear()
+            encoded = self._encoded[value] = urlencode({"query": self._target_query(value)})
+        items = await self.api.instant_items(encoded, at)
+        return self._snapshots(spec.url, [(item.get("metric") or {}, _value(item)) for item in items], at)
 
     async def history(self, spec: TargetSpec, start: float, end: float, step: float) -> list[list[Snapshot]]:
         """Snapshots at each `step` over [start, end) from one range query, oldest first; steps
