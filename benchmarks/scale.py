@@ -10,8 +10,12 @@ cost a naive exporter pays before doing anything else.
 
 Goals (issue 7) at 1,000 targets: < 35 % of one core, < 300 MiB RSS, /metrics < 100 ms.
 
+With `--mode query` a real Prometheus (the `prometheus` binary) scrapes the fleet every
+`--interval` and the daemon reads it through the query API instead (`prometheus:` config); the
+daemon's figures are then its own, and Prometheus' CPU is printed beside them.
+
 usage: .venv/bin/python benchmarks/scale.py [--sizes 10,100,1000,3000] [--steady 90] [--warmup 40]
-       [--interval 15] [--evaluate 30] [--profile DIR]   (py-spy record of the daemon, if installed)
+       [--interval 15] [--evaluate 30] [--mode scrape|query] [--profile DIR]   (py-spy, if installed)
 Prints one line per size and the goal figures; asserts nothing.
 """
 from __future__ import annotations
@@ -90,11 +94,39 @@ def stop(proc: subprocess.Popen | None) -> None:
         proc.wait()
 
 
+def start_prometheus(urls: list[str], interval: float) -> tuple[subprocess.Popen, str, str]:
+    """A real Prometheus on loopback scraping the fleet (job `vllm`); waits until it has data."""
+    exe = shutil.which("prometheus")
+    if exe is None:
+        raise RuntimeError("--mode query needs the prometheus binary")
+    folder = tempfile.mkdtemp(prefix="scale-prom-")
+    port = free_port()
+    with open(f"{folder}/prometheus.yml", "w") as fh:
+        fh.write(f"global: {{scrape_interval: {interval:g}s, scrape_timeout: 10s}}\nscrape_configs:\n"
+                 "  - job_name: vllm\n    static_configs:\n      - targets:\n")
+        fh.writelines(f"        - '{u.split('://')[1]}'\n" for u in urls)
+    proc = subprocess.Popen([exe, f"--config.file={folder}/prometheus.yml", f"--storage.tsdb.path={folder}/tsdb",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            body = get(url + "/api/v1/query?query=count(up%3D%3D1)")[1]
+            if b'"value"' in body and int(float(body.split(b'"value":[')[1].split(b",")[1].strip(b'"]}'))) >= len(urls):
+                return proc, url, folder
+        except (OSError, IndexError, ValueError):
+            pass
+        time.sleep(1)
+    stop(proc)
+    raise RuntimeError("Prometheus never had every target up")
+
+
 def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
     sim = subprocess.Popen(exe + ["simulate", "--fleet", str(n), "--port", "0", "--seed", "7"],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    daemon = None
-    cfg_path = None
+    daemon = prom = None
+    cfg_path = prom_dir = None
     try:
         urls = []
         deadline = time.time() + 120
@@ -109,8 +141,14 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
         fd, cfg_path = tempfile.mkstemp(suffix=".yaml")
         with os.fdopen(fd, "w") as fh:
             fh.write(f"scrape: {{interval: {args.interval}s, timeout: 10s, concurrency: 64}}\n"
-                     f"evaluation: {{interval: {args.evaluate}s, window: 10m}}\ntargets:\n")
-            fh.writelines(f"  - url: {u}\n" for u in urls)
+                     f"evaluation: {{interval: {args.evaluate}s, window: 10m}}\n")
+            if args.mode == "query":
+                prom, prom_url, prom_dir = start_prometheus(urls, args.interval)
+                fh.write(f"prometheus: {{url: '{prom_url}', selector: '{{job=\"vllm\"}}', timeout: 20s, "
+                         "concurrency: 16, backfill: false}\n")
+            else:
+                fh.write("targets:\n")
+                fh.writelines(f"  - url: {u}\n" for u in urls)
         port = free_port()
         daemon = subprocess.Popen(exe + ["serve", "--config", cfg_path, "--listen", f"127.0.0.1:{port}"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -136,6 +174,7 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         text0 = get(base + "/metrics")[1].decode()
         c0, t0 = cpu_seconds(daemon.pid), time.time()
+        p0 = cpu_seconds(prom.pid) if prom is not None else 0.0
         cycles0 = metric(text0, "vllm_drift_scrape_cycles_total") or 0.0
         latencies, peak_rss = [], rss_mib(daemon.pid)
         end = t0 + args.steady
@@ -145,6 +184,7 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
             peak_rss = max(peak_rss, rss_mib(daemon.pid))
             time.sleep(min(2.0, max(0.0, end - time.time())))
         c1, t1 = cpu_seconds(daemon.pid), time.time()
+        p1 = cpu_seconds(prom.pid) if prom is not None else 0.0
         text1 = body.decode()
         cycles1 = metric(text1, "vllm_drift_scrape_cycles_total") or 0.0
         if profiler is not None:
@@ -161,10 +201,14 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
             "cycle_s": metric(text1, "vllm_drift_scrape_cycle_duration_seconds"),
             "eval_s": metric(text1, "vllm_drift_evaluation_duration_seconds"),
             "stock_parse_ms": 1000 * stock_parse_seconds(payload), "payload_bytes": len(payload),
+            "prometheus_cpu_pct": 100 * (p1 - p0) / (t1 - t0) if prom is not None else None,
         }
     finally:
         stop(daemon)
+        stop(prom)
         stop(sim)
+        if prom_dir:
+            shutil.rmtree(prom_dir, ignore_errors=True)
         if cfg_path:
             os.unlink(cfg_path)
 
@@ -177,9 +221,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=35.0, help="seconds after ready before measuring")
     ap.add_argument("--steady", type=float, default=90.0, help="seconds measured")
     ap.add_argument("--profile", default=None, help="directory for py-spy profiles of the daemon")
+    ap.add_argument("--mode", choices=("scrape", "query"), default="scrape")
     args = ap.parse_args()
     exe = [sys.executable, "-m", "exporter"]
-    print(f"scrape every {args.interval:g}s, evaluate every {args.evaluate:g}s, window 10m; "
+    print(f"mode {args.mode}: scrape every {args.interval:g}s, evaluate every {args.evaluate:g}s, window 10m; "
           f"{args.warmup:g}s warm-up after ready, {args.steady:g}s measured; {os.cpu_count()} CPUs", flush=True)
     print(f"{'targets':>7} {'up':>5} {'CPU %core':>9} {'ms/target/cycle':>15} {'stock parse ms':>14} "
           f"{'ratio':>6} {'RSS MiB':>8} {'KiB/target':>10} {'/metrics ms med/max':>20} {'cycle s':>8} {'eval s':>7}",
@@ -196,7 +241,9 @@ def main() -> int:
         print(f"{r['n']:>7} {r['up']:>5} {r['cpu_pct']:>9.1f} {r['cpu_ms_per_target_cycle']:>15.3f} "
               f"{r['stock_parse_ms']:>14.3f} {ratio:>6.2f} {r['rss']:>8.0f} {r['rss_per_target_kib']:>10.0f} "
               f"{r['metrics_ms_median']:>9.1f}/{r['metrics_ms_max']:<10.1f} {r['cycle_s'] or 0:>8.2f} "
-              f"{r['eval_s'] or 0:>7.2f}", flush=True)
+              f"{r['eval_s'] or 0:>7.2f}" +
+              (f"  (Prometheus itself: {r['prometheus_cpu_pct']:.1f}% of a core)" if r["prometheus_cpu_pct"] is not None else ""),
+              flush=True)
     for r in results:
         if r["n"] == 1000:
             print(f"goals at 1,000 targets: CPU {r['cpu_pct']:.1f}% of one core (goal < 35), RSS {r['rss']:.0f} MiB "
