@@ -68,7 +68,8 @@ def test_unknown_names_exit_2_with_the_closest(flag, value, expected):
 
 
 def test_impossible_max_model_len_exits_2_with_the_largest_that_fits():
-    out = calc("--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100", "--tp", "2", "--json")
+    out = calc("--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100", "--tp", "2",
+               "--max-model-len", "131072", "--json")
     assert out.returncode == 2
     assert "estimated maximum model length is" in out.stderr
 
@@ -106,3 +107,15 @@ def test_flags_the_observation_csv_cannot_express(extra, truth):
     out = calc(*LLAMA_H100, *extra, "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["kv_cache"]["tokens"] == pytest.approx(truth, rel=0.01)
+
+
+def test_default_max_model_len_is_fitted_but_an_explicit_one_is_not():
+    base = ("--model", "openai/gpt-oss-120b", "--gpu", "H100", "--tp", "1")
+    out = calc(*base, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    fitted = doc["setup"]["max_model_len"]
+    assert 0 < fitted < 131072 and "does not fit" in doc["notes"][0] and "note:" in out.stderr
+    assert doc["kv_cache"]["max_concurrency"] >= 1.0
+    bad = calc(*base, "--max-model-len", "131072")
+    assert bad.returncode == 2 and f"estimated maximum model length is {fitted}" in bad.stderr

@@ -115,12 +115,38 @@ def performance_sections(setup: Setup, args: argparse.Namespace) -> dict[str, An
         spec_acceptance=args.spec_acceptance)
 
 
+def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
+    """The setup and its KV capacity. An explicit `--max-model-len` that does not fit is an error,
+    as it is for vLLM; the *default* (the model's own maximum) is lowered to the largest length
+    the pool holds, with a note, since the question asked was not about that length."""
+    import dataclasses
+
+    from exporter.model.kv_cache import largest_max_model_len
+
+    setup = build_setup(args)
+    if args.max_model_len is not None:
+        return setup, kv_capacity(setup), []
+    loose = kv_capacity(setup, check_fits=False)
+    if loose.blocks_per_request <= loose.gpu_blocks:
+        return setup, loose, []
+    largest = largest_max_model_len(setup, loose.gpu_blocks)
+    if largest < 1:
+        return setup, kv_capacity(setup), []   # raises with vLLM's message
+    fitted = dataclasses.replace(setup, max_model_len=largest)
+    note = (f"the model's default max_model_len {setup.max_model_len} does not fit the KV cache; "
+            f"using the largest that does, {largest} (pass --max-model-len to choose)")
+    return fitted, kv_capacity(fitted), [note]
+
+
 def run(args: argparse.Namespace) -> int:
     _validate_traffic(args)
-    setup = build_setup(args)
-    cap = kv_capacity(setup)
+    setup, cap, notes = fit_setup(args)
     doc = kv_sections(setup, cap)
     doc.update(performance_sections(setup, args))
+    if notes:
+        doc["notes"] = notes
+        for note in notes:
+            print(f"vllm-drift calc: note: {note}", file=sys.stderr)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
