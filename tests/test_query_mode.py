@@ -114,6 +114,14 @@ def test_reader_rebuilds_the_same_snapshots_as_parsing_the_capture(fleet, promet
                 # one snapshot per scrape, oldest first, though the steps are twice as dense
                 assert len(stamps) >= 3 and stamps == sorted(set(stamps))
                 assert all(1.5 > b - a > 0.5 for a, b in zip(stamps, stamps[1:]))
+            # reads issued together share one batched query; each still gets only its own series
+            specs = reader.targets()
+            together = await asyncio.gather(*(reader.read(t, time.time()) for t in specs))
+            for spec, got in zip(specs, together):
+                site = next(s for s in fleet if s.url == spec.url)
+                want = parse_vllm(site.body, target=site.url, timestamp=0.0)
+                assert [(a.model_name, a.gauges, a.counters, a.histograms, a.cache_config) for a in got] == \
+                    [(b.model_name, b.gauges, b.counters, b.histograms, b.cache_config) for b in want], site.capture
         finally:
             await reader.aclose()
     asyncio.run(main())

@@ -19,6 +19,7 @@ series the canonicaliser reads, turns them back into exposition families
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Callable
 from urllib.parse import urlencode
 
@@ -37,6 +38,7 @@ log = structlog.get_logger("vllm_drift.query")
 # Pseudo-series in the per-target query are told apart by this label (set operators match on
 # labels without the metric name, so a name alone would not keep `up` and `timestamp(up)` apart).
 PSEUDO = "vllm_drift_series"
+BATCH = 32              # targets per query in a cycle (one response holds ~300 series per target)
 
 
 def _quote(value: str) -> str:
@@ -77,6 +79,8 @@ class PrometheusReader:
         self._targets: list[TargetSpec] = []
         self._label_of: dict[str, str] = {}
         self._encoded: dict[str, str] = {}
+        self._pending: list[tuple[str, asyncio.Future]] = []
+        self._flusher: asyncio.Future | None = None
         self.refreshed = False
 
     def _report(self, message: str) -> None:
@@ -155,15 +159,65 @@ class PrometheusReader:
             raise QueryError("no_series", f"{url}: {exc}") from None
 
     async def read(self, spec: TargetSpec, at: float) -> list[Snapshot]:
-        """The target's Snapshots as of `at` (stamped with the scrape time Prometheus recorded)."""
+        """The target's Snapshots as of `at` (stamped with the scrape time Prometheus recorded).
+
+        Reads issued together (the daemon gathers a cycle's targets) are batched: up to `BATCH`
+        targets share one query (`target_label=~"a|b|..."`), and each read gets its own series
+        back, so the HTTP and query overhead is paid once per batch, not once per target."""
         value = self._label_of.get(spec.url) or spec.labels.get(self.cfg.target_label) or spec.name or spec.url
-        encoded = self._encoded.get(value)
-        if encoded is None:            # the query text never changes for a target: encode it once
-            if len(self._encoded) > 100_000:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.append((value, fut))
+        if self._flusher is None:
+            self._flusher = asyncio.ensure_future(self._flush(at))
+        series = await fut
+        return self._snapshots(spec.url, series, at)
+
+    async def _flush(self, at: float) -> None:
+        await asyncio.sleep(0)                      # let every read of this round register
+        pending, self._pending, self._flusher = self._pending, [], None
+        chunks = [pending[i:i + BATCH] for i in range(0, len(pending), BATCH)]
+        await asyncio.gather(*(self._query_batch(chunk, at) for chunk in chunks))
+
+    async def _query_batch(self, chunk: list[tuple[str, asyncio.Future]], at: float) -> None:
+        values = sorted({v for v, _ in chunk})
+        key = "\0".join(values)
+        encoded = self._encoded.get(key)
+        if encoded is None:            # the same batches recur every cycle: encode each once
+            if len(self._encoded) > 10_000:
                 self._encoded.clear()
-            encoded = self._encoded[value] = urlencode({"query": self._target_query(value)})
-        items = await self.api.instant_items(encoded, at)
-        return self._snapshots(spec.url, [(item.get("metric") or {}, _value(item)) for item in items], at)
+            encoded = self._encoded[key] = urlencode({"query": self._batch_query(values)})
+        try:
+            items = await self.api.instant_items(encoded, at)
+            by_target: dict[str, list[tuple[dict[str, str], float]]] = {v: [] for v in values}
+            tl = self.cfg.target_label
+            for item in items:
+                labels = item.get("metric") or {}
+                rows = by_target.get(labels.get(tl, ""))
+                if rows is not None:
+                    rows.append((labels, _value(item)))
+        except QueryError as exc:
+            for _, fut in chunk:
+                if not fut.done():
+                    fut.set_exception(QueryError(exc.reason, str(exc)))
+            return
+        except BaseException as exc:  # noqa: BLE001 - never leave a read waiting
+            for _, fut in chunk:
+                if not fut.done():
+                    fut.set_exception(exc)
+            raise
+        for value, fut in chunk:
+            if not fut.done():
+                fut.set_result(by_target[value])
+
+    def _batch_query(self, values: list[str]) -> str:
+        if len(values) == 1:
+            return self._target_query(values[0])
+        alternatives = "|".join(re.escape(v) for v in values)
+        matcher = f"{self.cfg.target_label}=~{_quote(alternatives)}"
+        sel = "{" + ",".join(p for p in (self.matchers, matcher) if p) + "}"
+        vllm = "{" + ",".join(p for p in (f'__name__=~"{self._names}"', self.matchers, matcher) if p) + "}"
+        return (f'{vllm} or label_replace(timestamp(up{sel}), "{PSEUDO}", "scrape_timestamp", "", "") '
+                f'or label_replace(up{sel}, "{PSEUDO}", "up", "", "")')
 
     async def history(self, spec: TargetSpec, start: float, end: float, step: float) -> list[list[Snapshot]]:
         """Snapshots at each `step` over [start, end) from one range query, oldest first; steps
