@@ -200,7 +200,7 @@ class Evaluator:
         if x.kv_cache_tokens and pred.kv_cache_tokens:
             ratio = round(x.kv_cache_tokens / pred.kv_cache_tokens, 4)
         return ModelReport(
-            target=spec.url, model_name=model_name, vllm_version=version, engine_era=latest.engine_era,
+            target=spec.url, model_name=model_name, vllm_version=version or latest.version_guess, engine_era=latest.engine_era,
             observed=observed, findings=tuple(findings), status=status, misconfiguration=mis,
             configured=configured, recommended=recommended, kv_pressure_score=kv_score,
             idle_capacity_ratio=None if idle is None else round(idle, 4), tier=tier,
