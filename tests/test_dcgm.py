@@ -114,3 +114,37 @@ def test_serve_joins_dcgm_telemetry_to_targets(captures, tmp_path, cli_env):
             assert t["hints"]["gpu"] == "L40S" and t["gpus"]["catalog_gpu"] == "L40S"
         finally:
             d.stop()
+
+
+@pytest.mark.skipif(__import__("shutil").which("prometheus") is None, reason="needs the prometheus binary")
+def test_query_mode_reads_dcgm_from_prometheus(captures, tmp_path, cli_env):
+    """Query mode with `dcgm.from_prometheus`: a real Prometheus scrapes a vLLM target and a
+    DCGM exporter; the daemon reads both through it and joins them by host."""
+    from test_query_mode import Prometheus
+
+    body = captures["vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"]
+    node = [dict(NODE_A[0], host="gpu-node-a", pod=None), dict(NODE_A[1], host="gpu-node-a", pod=None)]
+    vllm = loopback.Site(loopback.static({"/metrics": body}))
+    dcgm = loopback.Site(loopback.static({"/metrics": dcgm_text(node)}))
+    with vllm, dcgm:
+        # the DCGM exporter is its own job, as a cluster's Prometheus would have it
+        prom = Prometheus(tmp_path, [vllm.url], extra_jobs="  - job_name: dcgm-exporter\n    static_configs:\n"
+                          f"      - targets: ['{dcgm.url.split('://')[1]}']\n")
+        try:
+            wait_for(lambda: len(prom.up()) == 2 and all(v == 1 for v in prom.up().values()), timeout=60)
+            cfg = tmp_path / "q.yaml"
+            cfg.write_text("scrape: {interval: 1s, timeout: 1s}\nevaluation: {interval: 2s, window: 30s}\n"
+                           f"prometheus: {{url: '{prom.url}', selector: '{{job=\"vllm\"}}'}}\n"
+                           "dcgm: {from_prometheus: true, selector: '{job=\"dcgm-exporter\"}', interval: 1s}\n")
+            d = Daemon(cfg, cli_env)
+            try:
+                key = f'{{target="{vllm.url}"}}'
+                body = wait_for(lambda: (t := d.metrics()) and key in samples(t, "vllm_drift_gpu_count") and t, timeout=60)
+                assert samples(body, "vllm_drift_gpu_count")[key] == 2
+                assert samples(body, "vllm_drift_gpu_utilization_ratio")[key] == pytest.approx((0.91 + 0.89) / 2)
+                info = samples(body, "vllm_drift_gpu_info")
+                assert any('catalog_gpu="H100-SXM-80GB"' in k and 'joined_by="host"' in k for k in info)
+            finally:
+                d.stop()
+        finally:
+            prom.stop()

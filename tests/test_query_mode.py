@@ -32,14 +32,14 @@ MODELS = b'{"object":"list","data":[{"id":"m","object":"model","max_model_len":8
 class Prometheus:
     """A real Prometheus on a free loopback port, scraping `targets` every second."""
 
-    def __init__(self, tmp_path, targets: list[str]) -> None:
+    def __init__(self, tmp_path, targets: list[str], extra_jobs: str = "") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cfg = tmp_path / "prometheus.yml"
         cfg.write_text("global: {scrape_interval: 1s, scrape_timeout: 1s}\nscrape_configs:\n"
                        "  - job_name: vllm\n    static_configs:\n      - targets: [" +
                        ", ".join(f"'{t.split('://')[1]}'" for t in targets) + "]\n"
-                       "        labels: {namespace: llm, cluster: test}\n")
+                       "        labels: {namespace: llm, cluster: test}\n" + extra_jobs)
         self.proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                       f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
