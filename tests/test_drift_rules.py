@@ -183,3 +183,40 @@ def test_tier_that_observably_misses_a_set_slo_gets_a_bigger_one():
     assert f.binding == "slo" and f.recommended == "L40S" and f.severity == "warning"
     # without a configured SLO, a slower tier is not "missing" anything
     assert rule_tier_misplacement(replace(x, slo_tpot_s=None)) == []
+
+
+def test_rules_on_random_inputs_stay_in_range():
+    """Any mix of present and missing signals: no exception, scores in [0, 1], severities from
+    the fixed set, finding and parameter names from the fixed label sets."""
+    import math
+    import random
+
+    from exporter.report import FINDINGS, PARAMETERS, SEVERITIES
+    rng = random.Random(5)
+    numeric = {"arrival_rps": 20, "prompt_tps": 5000, "generation_tps": 3000, "preemptions_ps": 5, "steps_ps": 100,
+               "prompt_mean": 4000, "prompt_p50": 4000, "prompt_p25": 3000, "prompt_p99": 9000, "output_mean": 2000,
+               "output_p99": 5000, "length_share": 1, "prefix_hit_ratio": 0.99, "spec_acceptance": 1,
+               "spec_mean_accepted": 4, "spec_k": 5, "kv_usage_mean": 1, "kv_usage_max": 1, "running_mean": 300,
+               "running_max": 300, "waiting_mean": 100, "waiting_max": 100, "ttft_p99": 10, "tpot_p99": 1,
+               "queue_p99": 10, "e2e_mean": 60, "itl_mean": 0.5, "kv_cache_tokens": 1e6, "block_size": 16,
+               "gpu_memory_utilization": 1, "max_model_len": 131072, "slo_ttft_s": 3, "slo_tpot_s": 0.2,
+               "iteration_tokens_max": 8192}
+    for _ in range(3000):
+        kw = {}
+        for name, hi in numeric.items():
+            roll = rng.random()
+            kw[name] = None if roll < 0.25 else (0.0 if roll < 0.35 else rng.uniform(0, hi))
+        kw["enable_prefix_caching"] = rng.choice([True, False, None])
+        kw["max_num_seqs"] = rng.choice([None, 1, 8, 256])
+        kw["era"] = rng.choice(["v0", "v1"])
+        pred = Prediction(spec_missed_speedup=rng.choice([None, 0.8, 1.5]),
+                          tiers=(TierOption("L4", 1, rng.randint(1, 4), rng.uniform(0.5, 20), True),),
+                          current_cost_per_hour=rng.choice([None, 0.8, 10.0]))
+        x = replace(HEALTHY, prediction=pred, missing_hints=rng.choice([(), ("gpu",)]), gpu="H100-SXM-80GB", **kw)
+        for f in run_rules(x):
+            assert 0.0 <= f.score <= 1.0 and not math.isnan(f.score), f
+            assert f.severity in SEVERITIES and f.finding in FINDINGS, f
+            assert f.parameter is None or f.parameter in PARAMETERS, f
+            if f.finding in LEVELS and f.binding not in ("policy", "oom_risk", "length_truncation", "missed_gain"):
+                # severity follows the score, except where a documented cap or policy applies
+                assert f.severity == grade(f.finding, f.score) or f.finding in ("kv_cache_dtype", "idle_capacity"), f

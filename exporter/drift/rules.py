@@ -242,7 +242,7 @@ def rule_max_num_seqs(x: DriftInput) -> list[Finding]:
         score = min(queue_share(x), 1.0 - configured / rec)
         binding = "kv_cache" if limit is not None and rec == capture_floor(limit) and kb == limit else (
             "tpot_slo" if tb is not None and limit == tb and rec == capture_floor(tb) else "demand")
-        expl = (f"{x.waiting_mean:.1f} requests wait on average while {x.running_max:.0f} run "
+        expl = (f"{x.waiting_mean:.1f} requests wait on average while {_fmt(x.running_max)} run "
                 f"(max_num_seqs {configured}, {how}), KV usage peaks at {_pct(x.kv_usage_max)} and "
                 f"nothing is preempted; max_num_seqs {rec} serves the observed demand of "
                 f"{demand:.1f} concurrent requests"
