@@ -118,3 +118,31 @@ def test_save_replaces_atomically(tmp_path):
     store.save({"n": 2})
     assert store.load() == {"n": 2}
     assert os.stat(tmp_path / "drift-state.json").st_ino != before   # a new file renamed over
+
+
+def test_random_sequences_respect_minimum_durations():
+    """Whatever the raw scores do: an alarm needs two consecutive raw alarms first, and once the
+    rule stops firing the alarm is gone within two evaluations."""
+    import random
+    rng = random.Random(3)
+    for _ in range(200):
+        t = Tracker()
+        raw_loud = []
+        silent_run = 0
+        for i in range(40):
+            roll = rng.random()
+            if roll < 0.3:
+                raw = []
+            elif roll < 0.5:
+                raw = [kv(0.012, "info")]
+            elif roll < 0.8:
+                raw = [kv(0.05)]
+            else:
+                raw = [kv(0.5, "critical")]
+            raw_loud.append(bool(raw) and raw[0].severity != "info")
+            silent_run = silent_run + 1 if not raw else 0
+            out = names(t.update(raw, i * 5.0))
+            if out:
+                assert any(raw_loud[j] and raw_loud[j - 1] for j in range(1, i + 1)), raw_loud
+            if silent_run >= 2:
+                assert out == []
