@@ -180,7 +180,8 @@ class Evaluator:
         if status == "ok":
             kvf = [f for f in rule_kv_pressure(x) if f.finding == "kv_pressure"]
             kv_score = kvf[0].score if kvf else (0.0 if x.kv_usage_max is not None else None)
-            idle, _ = idle_ratio(x)
+        if status == "ok" or any(f.finding == "idle_capacity" for f in raw):
+            idle, _ = idle_ratio(x)     # also for a quiet server: idleness is what was observed
         tier = None
         waste = None
         tf = active.get("tier_misplacement")

@@ -28,6 +28,9 @@ class Feed:
     def __init__(self, scenario, *, seed=1, window_s=60.0, gpu_hint=True, engine_hints=False, state=None,
                  **flags):
         sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
+        rate = flags.pop("traffic_rate", None)
+        if rate is not None:   # the same deployment under another offered load
+            sc = replace(sc, phases=tuple(replace(p, traffic=replace(p.traffic, rate=rate)) for p in sc.phases))
         if flags:
             sc = replace(sc, flags=replace(sc.flags, **flags))
         self.sc = sc
@@ -284,3 +287,12 @@ def test_unknown_model_and_gpu_hints_are_named():
     assert "targets[].model" in res.notes[0] and "my-private-finetune" in res.notes[0]
     res = resolve_hints(["meta-llama/Llama-3.1-8B-Instruct"], "Quantum-GPU-9000")
     assert res.model is not None and res.missing == ("gpu",) and "Quantum-GPU-9000" in res.notes[0]
+
+
+def test_quiet_server_is_not_judged_but_its_idleness_is_scored():
+    f = Feed("idle-overprovisioned", traffic_rate=0.001)
+    last = f.advance(90)[-1]
+    assert last.status == "insufficient_data"
+    assert any(x.finding == "insufficient_data" and "requests finished" in x.explanation for x in last.findings)
+    assert last.idle_capacity_ratio is not None and last.idle_capacity_ratio > 0.97
+    assert {x.finding for x in last.findings} <= {"idle_capacity", "insufficient_data"}
