@@ -104,7 +104,7 @@ class Evaluator:
             log.info("config change", target=spec.url, model_name=model_name, changed=event["changed"])
 
         x = build_input(spec, model_name, summary, latest, metadata, observed, self.cfg, window)
-        candidates = [spec.model, model_name]
+        candidates = [spec.model, (spec.labels or {}).get("model"), model_name]
         if metadata and metadata.root and model_name in metadata.root:
             candidates.append(metadata.root[model_name])
         gpu_hint = spec.gpu or spec.labels.get("gpu")
