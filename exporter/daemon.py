@@ -449,12 +449,16 @@ class Daemon:
         self._stop.set()
 
     async def shutdown(self, grace: float = 10.0) -> None:
+        # Let an in-flight cycle finish (bounded), then close the client and the server. The
+        # scheduler is only paused here: APScheduler's asyncio executor *cancels* running jobs
+        # on shutdown, which would throw away the cycle instead of draining it.
         if self.scheduler is not None:
-            self.scheduler.shutdown(wait=False)
-        # Let an in-flight cycle finish (bounded), then close the client and the server.
+            self.scheduler.pause()
         pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=grace)
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
         self.save_state(force=True)
         await self.scraper.aclose()
         if self.reader is not None:
