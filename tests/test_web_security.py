@@ -245,3 +245,36 @@ def test_request_parameters_never_make_the_daemon_fetch(tmp_path, cli_env):
 def get_findings(d) -> str:
     with urllib.request.urlopen(d.url + "/api/v1/findings", timeout=5) as r:
         return r.read().decode()
+
+
+def test_stalled_scraper_connections_do_not_block_metrics():
+    """A hostile scraper opens hundreds of connections and stalls mid-request (slow loris on our
+    side): /metrics answers other clients as fast as before (each connection has its own thread,
+    dropped after the handler's idle timeout)."""
+    import socket
+    import time
+
+    srv = serve(WebConfig())
+    url = f"http://127.0.0.1:{srv.port}/metrics"
+
+    def worst(n=15):
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            assert call(url)[0] == 200
+            out.append(time.perf_counter() - t)
+        return max(out)
+
+    socks = []
+    try:
+        base = worst()
+        for _ in range(300):
+            c = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")       # never finishes its headers
+            socks.append(c)
+        stalled = worst()
+        assert stalled < max(10 * base, 0.25), (base, stalled)
+    finally:
+        for c in socks:
+            c.close()
+        srv.stop()
