@@ -25,6 +25,7 @@ class Prediction:
     spec_speedup_at_capacity: float | None = None  # ... at the SLO-feasible batch
     capacity_batch: int | None = None           # SLO-feasible running batch of this replica
     spec_missed_speedup: float | None = None    # speed-up speculation would plausibly give (off now)
+    default_max_num_seqs: int | None = None     # vLLM's default for this GPU and version
     fp8_kv_supported: bool | None = None        # the GPU has an fp8 path
     tiers: tuple["TierOption", ...] = ()        # cheapest first, same SLOs at the observed load
     current_cost_per_hour: float | None = None  # $/h of the current replica (GPUs x price)

@@ -113,7 +113,8 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     fp8 = res.gpu.fp8_tflops > 0 or res.gpu.vendor == "amd"
     pred: dict[str, Any] = dict(kv_cache_tokens=float(cap.tokens), kv_bytes_per_token=float(cap.bytes_per_token),
                                 kv_cache_gib=cap.memory.kv_cache_gib, gpu_memory_gib=setup.gpu_memory_gib,
-                                fp8_kv_supported=fp8, current_cost_per_hour=cost)
+                                fp8_kv_supported=fp8, current_cost_per_hour=cost,
+                                default_max_num_seqs=None if max_num_seqs else setup.max_num_seqs)
     pred.update(_performance(setup, traffic, slo, prices, notes))
     return Prediction(**pred, notes=tuple(notes))
 

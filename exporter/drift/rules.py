@@ -156,6 +156,13 @@ def configured_max_num_seqs(x: DriftInput) -> tuple[int | None, str]:
     return None, "unknown"
 
 
+def seqs_in_use(x: DriftInput) -> int:
+    """max_num_seqs as best known: hint, inferred plateau, vLLM's default for the GPU and
+    version (calculator), else the default on GPUs under 70 GiB."""
+    return (x.max_num_seqs or configured_max_num_seqs(x)[0] or x.prediction.default_max_num_seqs
+            or DEFAULT_MAX_NUM_SEQS)
+
+
 def tpot_bound(x: DriftInput) -> int | None:
     """The largest batch whose predicted TPOT stays under the TPOT SLO (needs the calculator)."""
     if x.slo_tpot_s is None or not x.prediction.tpot_at:
@@ -377,7 +384,7 @@ def spec_batch(x: DriftInput) -> tuple[float, str]:
         return max(1.0, x.running_mean or 1.0), "running"
     cap = x.prediction.capacity_batch
     if cap is None:
-        seqs = x.max_num_seqs or configured_max_num_seqs(x)[0] or DEFAULT_MAX_NUM_SEQS
+        seqs = seqs_in_use(x)
         kb = kv_bound(x)
         cap = min(seqs, kb) if kb else seqs
     return max(float(cap), x.running_mean or 1.0), "capacity"
@@ -510,7 +517,7 @@ def idle_ratio(x: DriftInput) -> tuple[float | None, str]:
         uses.append((x.kv_usage_mean / KV_SAFE, "kv_cache"))
     conc = x.concurrency
     if conc is not None:
-        seqs = x.max_num_seqs or configured_max_num_seqs(x)[0] or DEFAULT_MAX_NUM_SEQS
+        seqs = seqs_in_use(x)
         uses.append((conc / seqs, "max_num_seqs"))
     if x.prediction.current_max_rps and x.arrival_rps is not None:
         uses.append((x.arrival_rps / x.prediction.current_max_rps, "throughput"))
