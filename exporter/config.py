@@ -187,6 +187,7 @@ class PrometheusConfig(_Strict):
     concurrency: int = Field(default=8, ge=1, le=256)
     backfill: bool = True                      # fill a new target's window from history at once
     target_metadata: bool = False              # also read /version and /v1/models from the targets
+    federate: bool = False                     # read through /federate (Prometheus only): cheaper
     bearer_token_file: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)   # e.g. X-Scope-OrgID for Mimir
 
