@@ -88,9 +88,10 @@ def by_target(daemon: Daemon) -> dict:
     return {t["target"]: t for t in json.loads(get(daemon.url + "/api/v1/findings")[1])["targets"]}
 
 
-def test_reader_rebuilds_the_same_snapshots_as_parsing_the_capture(fleet, prometheus):
+@pytest.mark.parametrize("federate", [False, True], ids=["query-api", "federate"])
+def test_reader_rebuilds_the_same_snapshots_as_parsing_the_capture(fleet, prometheus, federate):
     async def main():
-        reader = PrometheusReader(PrometheusConfig(url=prometheus.url))
+        reader = PrometheusReader(PrometheusConfig(url=prometheus.url, federate=federate))
         try:
             assert await reader.refresh()
             assert sorted(t.url for t in reader.targets()) == sorted(s.url for s in fleet)
@@ -127,13 +128,14 @@ def test_reader_rebuilds_the_same_snapshots_as_parsing_the_capture(fleet, promet
     asyncio.run(main())
 
 
-def test_query_mode_reports_what_scrape_mode_reports(fleet, prometheus, tmp_path, cli_env):
+@pytest.mark.parametrize("federate", ["false", "true"], ids=["query-api", "federate"])
+def test_query_mode_reports_what_scrape_mode_reports(fleet, prometheus, tmp_path, cli_env, federate):
     common = "scrape: {interval: 1s, timeout: 1s}\nevaluation: {interval: 2s, window: 30s}\n"
     direct_cfg = tmp_path / "direct.yaml"
     direct_cfg.write_text(common + "targets:\n" + "".join(f"  - url: {s.url}\n" for s in fleet))
     query_cfg = tmp_path / "query.yaml"
     query_cfg.write_text(common + f"prometheus: {{url: '{prometheus.url}', selector: '{{job=\"vllm\"}}', "
-                         "target_metadata: true}\n")
+                         f"target_metadata: true, federate: {federate}}}\n")
     direct, query = Daemon(direct_cfg, cli_env), Daemon(query_cfg, cli_env)
     try:
         for d in (direct, query):

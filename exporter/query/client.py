@@ -69,6 +69,26 @@ class PromAPI:
         items (`{"metric": {...}, "value": [t, "v"]}`): the daemon's per-target hot path."""
         return await self._call("/api/v1/query", f"{encoded_query}&time={at:.3f}", "vector")
 
+    async def federate(self, encoded_matches: str) -> bytes:
+        """`/federate?match[]=...` (already encoded): the latest samples of the matched series as
+        exposition text, with their scrape timestamps. Prometheus only (not Thanos or Mimir)."""
+        url = f"{self.base_url}/federate?{encoded_matches}"
+        async with self.semaphore:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    resp = await self.client.get(url, headers={"Accept": "text/plain;version=0.0.4"})
+            except TimeoutError:
+                raise QueryError("query_timeout", f"{self.base_url}/federate: no answer within {self.timeout:g}s") from None
+            except httpx.TimeoutException:
+                raise QueryError("query_timeout", f"{self.base_url}/federate: no answer within {self.timeout:g}s") from None
+            except httpx.ConnectError as exc:
+                raise QueryError("query_connect", f"cannot connect to {self.base_url}: {exc or type(exc).__name__}") from None
+            except httpx.HTTPError as exc:
+                raise QueryError("query_connect", f"request to {self.base_url} failed: {exc or type(exc).__name__}") from None
+        if resp.status_code != 200:
+            raise QueryError("query_http_status", f"HTTP {resp.status_code} from {self.base_url}/federate")
+        return resp.content
+
     async def range(self, query: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
         """Evaluate a range query -> [(labels, [(t, value), ...]), ...]."""
         form = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{max(step, 0.001):.3f}"}

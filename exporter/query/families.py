@@ -98,3 +98,32 @@ def to_families(series: Iterable[tuple[Mapping[str, str], float]], drop: frozens
             seen.add(id(fam))
             out.append(fam)
     return out
+
+
+def rows_constant_labels(rows: list[tuple[str, Mapping[str, str], float]], target_label: str) -> frozenset[str]:
+    """`target_constant_labels` for (name, labels, value) rows."""
+    return target_constant_labels([(labels, value) for _, labels, value in rows], target_label)
+
+
+def rows_to_families(rows: Iterable[tuple[str, Mapping[str, str], float]], drop: frozenset[str]) -> list[Family]:
+    """`to_families` for (name, labels, value) rows (labels without `__name__`)."""
+    families: dict[str, Family] = {}
+    family_of = _FAMILY_OF
+    for name, labels, value in rows:
+        fam = families.get(name)
+        if fam is None:
+            fam_name, kind = family_of.get(name, (name, "unknown"))
+            fam = families.get(fam_name)
+            if fam is None:
+                fam = Family(fam_name, kind, "")
+                families[fam_name] = fam
+            families[name] = fam
+        rest = {k: v for k, v in labels.items() if k not in drop}
+        fam.samples.append(Sample(name, rest, float(value), None))
+    seen: set[int] = set()
+    out = []
+    for fam in families.values():
+        if id(fam) not in seen:
+            seen.add(id(fam))
+            out.append(fam)
+    return out

@@ -31,14 +31,16 @@ from exporter.errors import ParseError
 from exporter.parse.canonical import canonicalise
 from exporter.parse.snapshot import Snapshot
 from exporter.query.client import PromAPI, QueryError
-from exporter.query.families import name_regex, target_constant_labels, to_families
+from exporter.parse.exposition import Reader
+from exporter.query.families import (name_regex, rows_constant_labels, rows_to_families, target_constant_labels,
+                                     to_families)
 
 log = structlog.get_logger("vllm_drift.query")
 
 # Pseudo-series in the per-target query are told apart by this label (set operators match on
 # labels without the metric name, so a name alone would not keep `up` and `timestamp(up)` apart).
 PSEUDO = "vllm_drift_series"
-BATCH = 32              # targets per query in a cycle (one response holds ~300 series per target)
+BATCH = 16              # targets per query in a cycle (one response holds ~300 series per target)
 
 
 def _quote(value: str) -> str:
@@ -80,6 +82,7 @@ class PrometheusReader:
         self._label_of: dict[str, str] = {}
         self._encoded: dict[str, str] = {}
         self._pending: list[tuple[str, asyncio.Future]] = []
+        self._reader = Reader(("vllm:", "up"))     # federate mode
         self._flusher: asyncio.Future | None = None
         self.refreshed = False
 
@@ -169,8 +172,10 @@ class PrometheusReader:
         self._pending.append((value, fut))
         if self._flusher is None:
             self._flusher = asyncio.ensure_future(self._flush(at))
-        series = await fut
-        return self._snapshots(spec.url, series, at)
+        result = await fut
+        if self.cfg.federate:
+            return self._snapshots_from_rows(spec.url, *result, at)
+        return self._snapshots(spec.url, result, at)
 
     async def _flush(self, at: float) -> None:
         await asyncio.sleep(0)                      # let every read of this round register
@@ -179,6 +184,8 @@ class PrometheusReader:
         await asyncio.gather(*(self._query_batch(chunk, at) for chunk in chunks))
 
     async def _query_batch(self, chunk: list[tuple[str, asyncio.Future]], at: float) -> None:
+        if self.cfg.federate:
+            return await self._federate_batch(chunk)
         values = sorted({v for v, _ in chunk})
         key = "\0".join(values)
         encoded = self._encoded.get(key)
@@ -208,6 +215,69 @@ class PrometheusReader:
         for value, fut in chunk:
             if not fut.done():
                 fut.set_result(by_target[value])
+
+    async def _federate_batch(self, chunk: list[tuple[str, asyncio.Future]]) -> None:
+        """The batch through `/federate`: exposition text with scrape timestamps, parsed by the
+        same fast reader as scrape mode (its caches make repeated series cheap)."""
+        values = sorted({v for v, _ in chunk})
+        key = "federate\0" + "\0".join(values)
+        encoded = self._encoded.get(key)
+        if encoded is None:
+            if len(self._encoded) > 10_000:
+                self._encoded.clear()
+            matcher = self._batch_matcher(values)
+            vllm = "{" + ",".join(p for p in (f'__name__=~"{self._names}"', self.matchers, matcher) if p) + "}"
+            up = "up{" + ",".join(p for p in (self.matchers, matcher) if p) + "}"
+            encoded = self._encoded[key] = urlencode([("match[]", vllm), ("match[]", up)])
+        tl = self.cfg.target_label
+        try:
+            text = await self.api.federate(encoded)
+            per: dict[str, list] = {v: [[], None, None] for v in values}   # rows, up, scrape time
+            for fam in self._reader.parse(text):
+                is_up = fam.name == "up"
+                if not is_up and not fam.name.startswith("vllm:"):
+                    continue
+                for name, labels, value, ts in fam.samples:
+                    slot = per.get(labels.get(tl, ""))
+                    if slot is None:
+                        continue
+                    if is_up:
+                        slot[1] = value
+                    else:
+                        slot[0].append((name, labels, value))
+                        if ts is not None and (slot[2] is None or ts > slot[2]):
+                            slot[2] = ts
+        except (QueryError, ParseError) as exc:
+            err = exc if isinstance(exc, QueryError) else QueryError("query_bad_response", f"/federate: {exc}")
+            for _, fut in chunk:
+                if not fut.done():
+                    fut.set_exception(QueryError(err.reason, str(err)))
+            return
+        except BaseException as exc:  # noqa: BLE001 - never leave a read waiting
+            for _, fut in chunk:
+                if not fut.done():
+                    fut.set_exception(exc)
+            raise
+        for value, fut in chunk:
+            if not fut.done():
+                fut.set_result(tuple(per[value]))
+
+    def _snapshots_from_rows(self, url: str, rows: list, up: float | None, scraped: float | None,
+                             at: float) -> list[Snapshot]:
+        if up is not None and up == 0:
+            raise QueryError("target_down", f"{url}: Prometheus reports up == 0 for this target")
+        if not rows:
+            raise QueryError("no_series", f"{url}: no vLLM series in Prometheus for this target")
+        families = rows_to_families(rows, rows_constant_labels(rows, self.cfg.target_label))
+        try:
+            return canonicalise(families, target=url, timestamp=scraped if scraped else at)
+        except ParseError as exc:
+            raise QueryError("no_series", f"{url}: {exc}") from None
+
+    def _batch_matcher(self, values: list[str]) -> str:
+        if len(values) == 1:
+            return f"{self.cfg.target_label}={_quote(values[0])}"
+        return f"{self.cfg.target_label}=~{_quote('|'.join(re.escape(v) for v in values))}"
 
     def _batch_query(self, values: list[str]) -> str:
         if len(values) == 1:
