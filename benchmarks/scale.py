@@ -145,7 +145,7 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
             if args.mode == "query":
                 prom, prom_url, prom_dir = start_prometheus(urls, args.interval)
                 fh.write(f"prometheus: {{url: '{prom_url}', selector: '{{job=\"vllm\"}}', timeout: 20s, "
-                         "concurrency: 16, backfill: false}\n")
+                         f"concurrency: 8, backfill: false, federate: {str(args.federate).lower()}}}\n")
             else:
                 fh.write("targets:\n")
                 fh.writelines(f"  - url: {u}\n" for u in urls)
@@ -222,9 +222,10 @@ def main() -> int:
     ap.add_argument("--steady", type=float, default=90.0, help="seconds measured")
     ap.add_argument("--profile", default=None, help="directory for py-spy profiles of the daemon")
     ap.add_argument("--mode", choices=("scrape", "query"), default="scrape")
+    ap.add_argument("--federate", action="store_true", help="query mode through /federate")
     args = ap.parse_args()
     exe = [sys.executable, "-m", "exporter"]
-    print(f"mode {args.mode}: scrape every {args.interval:g}s, evaluate every {args.evaluate:g}s, window 10m; "
+    print(f"mode {args.mode}{' (federate)' if args.federate else ''}: scrape every {args.interval:g}s, evaluate every {args.evaluate:g}s, window 10m; "
           f"{args.warmup:g}s warm-up after ready, {args.steady:g}s measured; {os.cpu_count()} CPUs", flush=True)
     print(f"{'targets':>7} {'up':>5} {'CPU %core':>9} {'ms/target/cycle':>15} {'stock parse ms':>14} "
           f"{'ratio':>6} {'RSS MiB':>8} {'KiB/target':>10} {'/metrics ms med/max':>20} {'cycle s':>8} {'eval s':>7}",
