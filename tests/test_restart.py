@@ -56,8 +56,9 @@ def many_metrics(body: bytes) -> loopback.Handler:
 
 
 def test_sigkill_during_state_writes_leaves_old_or_new_state(shared, tmp_path, cli_env):
-    """40 targets make a state file of a few MiB rewritten every evaluation; SIGKILL at random
-    moments, many times: the state file always loads (old or new, never torn)."""
+    """40 targets make a state file of about 0.4 MiB rewritten every evaluation; SIGKILL at random
+    moments, and (every other round) as soon as a save's temp file appears, i.e. mid-write: the
+    state file always loads (old or new, never torn)."""
     body = shared("fixtures", "prom", CAPTURE).read_bytes()
     rng = random.Random(8)
     state = tmp_path / "state"
@@ -71,6 +72,10 @@ def test_sigkill_during_state_writes_leaves_old_or_new_state(shared, tmp_path, c
             try:
                 d.wait_ready()
                 time.sleep(rng.uniform(0.3, 2.0))
+                if round_ % 2:     # aim: kill the moment a save's temp file exists (mid-write)
+                    end = time.monotonic() + 5
+                    while time.monotonic() < end and not any(n.endswith(".tmp") for n in os.listdir(state)):
+                        time.sleep(0.0005)
             finally:
                 d.kill9()
             leftovers = [p for p in state.iterdir() if p.name.endswith(".tmp")]
@@ -87,6 +92,7 @@ def test_sigkill_during_state_writes_leaves_old_or_new_state(shared, tmp_path, c
         assert saved_at == sorted(saved_at) and len(set(saved_at)) == len(saved_at)
         print(f"\nstate file {min(sizes) / 2**20:.2f}-{max(sizes) / 2**20:.2f} MiB; "
               f"{mid_write}/12 kills left a half-written temp file behind")
+        assert mid_write >= 2, "no kill landed inside a save: the test did not test what it says"
         # a restarted daemon clears what a killed write left behind
         (state / ".drift-state.json.killed.tmp").write_bytes(b'{"format": "vllm-drift-state", "ver')
         left = {p.name for p in state.iterdir() if p.name.endswith(".tmp")}
