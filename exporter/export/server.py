@@ -170,6 +170,18 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
+    def handle_error(self, request, client_address) -> None:
+        """One structured line instead of socketserver's traceback on stderr: a client that fails
+        the TLS handshake or hangs up must not be able to flood the log with stack traces."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)):
+            log.debug("client went away", client=client_address[0], error=type(exc).__name__)
+        else:
+            log.warning("client connection failed", client=client_address[0],
+                        error=f"{type(exc).__name__}: {exc}"[:200])
+
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
