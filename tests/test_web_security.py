@@ -278,3 +278,25 @@ def test_stalled_scraper_connections_do_not_block_metrics():
         for c in socks:
             c.close()
         srv.stop()
+
+
+def test_failed_handshakes_log_one_line_not_a_traceback(pki, capfd):
+    """Plain HTTP to the TLS port and a client that distrusts our CA: each failure is one short
+    line, never a stack trace a hostile client could use to flood the log."""
+    import socket
+
+    srv = serve(WebConfig(tls_cert_file=pki["server"][0], tls_key_file=pki["server"][1]))
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as c:
+                c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                c.recv(100)
+            with pytest.raises(urllib.error.URLError):
+                urllib.request.urlopen(f"https://127.0.0.1:{srv.port}/metrics", timeout=5,
+                                       context=ssl.create_default_context())
+        assert call(f"https://127.0.0.1:{srv.port}/metrics", ctx=ssl.create_default_context(cafile=pki["ca"]))[0] == 200
+    finally:
+        srv.stop()
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "Exception occurred during processing" not in out + err, err[-2000:]
+    assert (out + err).count("client connection failed") >= 3
