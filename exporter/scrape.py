@@ -228,7 +228,9 @@ class Scraper:
 
 
 def _json(body: bytes) -> Any:
+    """The decoded document, or None. A hostile target can nest arrays deeply enough to exhaust
+    the decoder's recursion limit (RecursionError) inside the size cap: that is bad input too."""
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None

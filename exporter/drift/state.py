@@ -52,7 +52,7 @@ class StateStore:
             return None
         try:
             doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: nested too deep
             self.error("load", f"not valid JSON: {exc}")
             self.set_aside()
             return None

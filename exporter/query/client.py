@@ -126,7 +126,7 @@ class PromAPI:
                 raise QueryError("query_connect", f"request to {url} failed: {exc or type(exc).__name__}") from None
         try:
             doc = json.loads(resp.content)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):   # RecursionError: nested too deep
             doc = None
         if not isinstance(doc, dict):
             if resp.status_code != 200:
