@@ -545,3 +545,46 @@ cp {state}/drift-state.json {root}/after-run2.json
     finally:
         site.__exit__(None, None, None)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_hostile_metadata_endpoints(capture, tmp_path, cli_env):
+    """/version and /v1/models are read too: deeply nested JSON (a RecursionError in the JSON
+    decoder), a huge body and HTML must leave the target up with its metadata unknown, and the
+    scrape cycle of everyone else intact."""
+    deep = b"[" * 500_000                     # under the 1 MiB cap of /v1/models
+    kinds = {
+        "deep_json": loopback.static({"/metrics": capture, "/version": b'{"version":' + b"[" * 60_000,
+                                      "/v1/models": deep}),
+        "huge_json": loopback.static({"/metrics": capture, "/version": b'{"version":"' + b"9" * 200_000 + b'"}',
+                                      "/v1/models": b'{"data":[' + b'{"id":"m"},' * 200_000 + b'{"id":"m"}]}'}),
+        "html": loopback.static({"/metrics": capture, "/version": b"<html>no</html>", "/v1/models": b"<html>no</html>"}),
+    }
+    sites = {k: loopback.Site(h) for k, h in kinds.items()}
+    healthy = capture_site(capture)
+    for s in [healthy, *sites.values()]:
+        s.__enter__()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scrape: {interval: 1s, timeout: 1s}\nevaluation: {interval: 1s, window: 60s}\ntargets:\n" +
+                   "".join(f"  - url: {s.url}\n" for s in [healthy, *sites.values()]))
+    d = Serve(cfg, cli_env, tmp_path)
+    try:
+        d.wait_ready()
+        c0 = samples(d.metrics(), "vllm_drift_scrape_cycles_total")[""]
+        time.sleep(3.5)
+        body = d.metrics()
+        assert samples(body, "vllm_drift_scrape_cycles_total")[""] >= c0 + 2     # cycles complete
+        up = samples(body, "vllm_drift_target_up")
+        for s in [healthy, *sites.values()]:
+            assert up[f'{{target="{s.url}"}}'] == 1.0, s.url
+        info = samples(body, "vllm_drift_target_info")
+        assert any(f'target="{healthy.url}"' in k and 'vllm_version="0.10.1"' in k for k in info)
+        for s in sites.values():                 # the version is unknown, not garbage
+            row = [k for k in info if f'target="{s.url}"' in k]
+            assert row and 'vllm_version="unknown"' in row[0], row
+        assert d.proc.poll() is None
+    finally:
+        rc = d.stop()
+        for s in [healthy, *sites.values()]:
+            s.__exit__(None, None, None)
+    log = d.log()
+    assert rc == 0 and "RecursionError" not in log and "raised an exception" not in log, log[-3000:]

@@ -195,7 +195,8 @@ def test_sigterm_drains_and_exits_in_bound_with_hanging_targets(shared, tmp_path
 
 @pytest.mark.parametrize("content", [b'{"format": "vllm-drift-state", "version": 1, "state": ',
                                      b"\x00\xff garbage", b'{"format": "vllm-drift-state", "version": 99, "state": {}}',
-                                     b'{"format": "vllm-drift-state", "version": 1, "state": {"evaluator": 5}}'])
+                                     b'{"format": "vllm-drift-state", "version": 1, "state": {"evaluator": 5}}',
+                                     b"[" * 100_000])
 def test_corrupt_state_file_is_set_aside_and_reported(content, shared, tmp_path, cli_env):
     body = shared("fixtures", "prom", CAPTURE).read_bytes()
     state = tmp_path / "state"
