@@ -188,7 +188,11 @@ class Daemon:
                 state.spec = spec
             if gpus is not None:
                 self.targets[url].gpus = gpus.get(url)
-        await asyncio.gather(*(self.scrape_one(st) for st in list(self.targets.values())))
+        states = list(self.targets.values())
+        results = await asyncio.gather(*(self.scrape_one(st) for st in states), return_exceptions=True)
+        for st, res in zip(states, results):   # a bug hit by one target must not void the cycle
+            if isinstance(res, Exception):
+                log.error("scrape of a target raised", target=st.spec.url, error=f"{type(res).__name__}: {res}"[:300])
         self.cycle_duration = time.perf_counter() - start
         self.cycles += 1
         self.publish()
