@@ -588,3 +588,44 @@ def test_hostile_metadata_endpoints(capture, tmp_path, cli_env):
             s.__exit__(None, None, None)
     log = d.log()
     assert rc == 0 and "RecursionError" not in log and "raised an exception" not in log, log[-3000:]
+
+
+def test_a_target_with_thousands_of_models_is_refused(capture, tmp_path, cli_env):
+    """One exposition naming 20,000 distinct model_name values (2.3 MiB, well under the body
+    cap) would mean 20,000 windows, evaluations and label sets. A vLLM server serves one model
+    (a handful with several engines), so such a target is refused as bad input: down, counted
+    under `parse`, and none of its series reach our exposition."""
+    n = 20_000
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{engine="0",model_name="m{i}"}} 1' for i in range(n)]
+    lines += ["# TYPE vllm:kv_cache_usage_perc gauge"]
+    lines += [f'vllm:kv_cache_usage_perc{{engine="0",model_name="m{i}"}} 0.5' for i in range(n)]
+    many = loopback.Site(loopback.static({"/metrics": ("\n".join(lines) + "\n").encode()}))
+    healthy = capture_site(capture)
+    for s in (healthy, many):
+        s.__enter__()
+    cfg = tmp_path / "c.yaml"
+    head = "scrape: {interval: 2s, timeout: 1s}\nevaluation: {interval: 2s, window: 60s}\ntargets:\n"
+    cfg.write_text(head + f"  - url: {healthy.url}\n")
+    d = Serve(cfg, cli_env, tmp_path)
+    try:
+        d.wait_ready()
+        base = d.latencies(3)
+        base_rss = d.rss()
+        cfg.write_text(head + f"  - url: {healthy.url}\n  - url: {many.url}\n")
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: f'target="{many.url}"' in d.metrics(), timeout=30)
+        during = d.latencies(8)
+        body = d.metrics()
+        assert_latency_held(base, during)
+        up = samples(body, "vllm_drift_target_up")
+        assert up[f'{{target="{healthy.url}"}}'] == 1.0 and up[f'{{target="{many.url}"}}'] == 0.0
+        assert samples(body, "vllm_drift_scrape_errors_total").get(f'{{reason="parse",target="{many.url}"}}', 0) >= 1
+        assert body.count(f'target="{many.url}"') < 20, body.count(f'target="{many.url}"')
+        assert "models" in d.findings()[many.url]["error"]
+        assert d.peak_rss < base_rss + 100, (base_rss, d.peak_rss)
+    finally:
+        rc = d.stop()
+        for s in (healthy, many):
+            s.__exit__(None, None, None)
+    assert rc == 0
