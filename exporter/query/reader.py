@@ -203,14 +203,10 @@ class PrometheusReader:
                 if rows is not None:
                     rows.append((labels, _value(item)))
         except QueryError as exc:
-            for _, fut in chunk:
-                if not fut.done():
-                    fut.set_exception(QueryError(exc.reason, str(exc)))
+            _fail(chunk, lambda: QueryError(exc.reason, str(exc)))
             return
         except BaseException as exc:  # noqa: BLE001 - never leave a read waiting
-            for _, fut in chunk:
-                if not fut.done():
-                    fut.set_exception(exc)
+            _fail(chunk, lambda: exc)
             raise
         for value, fut in chunk:
             if not fut.done():
@@ -249,14 +245,10 @@ class PrometheusReader:
                             slot[2] = ts
         except (QueryError, ParseError) as exc:
             err = exc if isinstance(exc, QueryError) else QueryError("query_bad_response", f"/federate: {exc}")
-            for _, fut in chunk:
-                if not fut.done():
-                    fut.set_exception(QueryError(err.reason, str(err)))
+            _fail(chunk, lambda: QueryError(err.reason, str(err)))
             return
         except BaseException as exc:  # noqa: BLE001 - never leave a read waiting
-            for _, fut in chunk:
-                if not fut.done():
-                    fut.set_exception(exc)
+            _fail(chunk, lambda: exc)
             raise
         for value, fut in chunk:
             if not fut.done():
@@ -313,3 +305,10 @@ class PrometheusReader:
             seen.add(stamp)
             out.append(snaps)
         return out
+
+
+def _fail(chunk: list[tuple[str, asyncio.Future]], make_exc) -> None:
+    """Fail every read of a batch that is still waiting (each gets its own exception object)."""
+    for _, fut in chunk:
+        if not fut.done():
+            fut.set_exception(make_exc())
