@@ -74,30 +74,8 @@ def to_families(series: Iterable[tuple[Mapping[str, str], float]], drop: frozens
     """Series (`__name__` among the labels) -> exposition families in the canonicaliser's shape,
     without the labels in `drop`. Sample order within a family does not matter: the
     canonicaliser sorts histogram bounds itself."""
-    families: dict[str, Family] = {}
-    family_of = _FAMILY_OF
-    skip = drop | {"__name__"}
-    for labels, value in series:
-        name = labels.get("__name__")
-        if not name:
-            continue
-        fam = families.get(name)
-        if fam is None:
-            fam_name, kind = family_of.get(name, (name, "unknown"))
-            fam = families.get(fam_name)
-            if fam is None:
-                fam = Family(fam_name, kind, "")
-                families[fam_name] = fam
-            families[name] = fam          # later samples of this name find their family at once
-        rest = {k: v for k, v in labels.items() if k not in skip}
-        fam.samples.append(Sample(name, rest, float(value), None))
-    seen: set[int] = set()
-    out = []
-    for fam in families.values():
-        if id(fam) not in seen:
-            seen.add(id(fam))
-            out.append(fam)
-    return out
+    rows = ((labels["__name__"], labels, value) for labels, value in series if labels.get("__name__"))
+    return rows_to_families(rows, drop | {"__name__"})
 
 
 def rows_constant_labels(rows: list[tuple[str, Mapping[str, str], float]], target_label: str) -> frozenset[str]:
