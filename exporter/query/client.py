@@ -73,21 +73,25 @@ class PromAPI:
         """`/federate?match[]=...` (already encoded): the latest samples of the matched series as
         exposition text, with their scrape timestamps. Prometheus only (not Thanos or Mimir)."""
         url = f"{self.base_url}/federate?{encoded_matches}"
-        async with self.semaphore:
-            try:
-                async with asyncio.timeout(self.timeout):
-                    resp = await self.client.get(url, headers={"Accept": "text/plain;version=0.0.4"})
-            except TimeoutError:
-                raise QueryError("query_timeout", f"{self.base_url}/federate: no answer within {self.timeout:g}s") from None
-            except httpx.TimeoutException:
-                raise QueryError("query_timeout", f"{self.base_url}/federate: no answer within {self.timeout:g}s") from None
-            except httpx.ConnectError as exc:
-                raise QueryError("query_connect", f"cannot connect to {self.base_url}: {exc or type(exc).__name__}") from None
-            except httpx.HTTPError as exc:
-                raise QueryError("query_connect", f"request to {self.base_url} failed: {exc or type(exc).__name__}") from None
+        resp = await self._send("GET", url, f"{self.base_url}/federate",
+                                headers={"Accept": "text/plain;version=0.0.4"})
         if resp.status_code != 200:
             raise QueryError("query_http_status", f"HTTP {resp.status_code} from {self.base_url}/federate")
         return resp.content
+
+    async def _send(self, method: str, url: str, where: str, **kw) -> httpx.Response:
+        """One request within the deadline and the concurrency bound; transport failures become
+        `QueryError`s naming `where`."""
+        async with self.semaphore:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    return await self.client.request(method, url, **kw)
+            except (TimeoutError, httpx.TimeoutException):
+                raise QueryError("query_timeout", f"{where}: no answer within {self.timeout:g}s") from None
+            except httpx.ConnectError as exc:
+                raise QueryError("query_connect", f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+            except httpx.HTTPError as exc:
+                raise QueryError("query_connect", f"request to {where} failed: {exc or type(exc).__name__}") from None
 
     async def range(self, query: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
         """Evaluate a range query -> [(labels, [(t, value), ...]), ...]."""
@@ -112,18 +116,7 @@ class PromAPI:
             kw = {"content": form.encode(), "headers": {"Content-Type": "application/x-www-form-urlencoded"}}
         else:
             kw = {"data": form}
-        async with self.semaphore:
-            try:
-                async with asyncio.timeout(self.timeout):
-                    resp = await self.client.post(url, **kw)
-            except TimeoutError:
-                raise QueryError("query_timeout", f"{url}: no answer within {self.timeout:g}s") from None
-            except httpx.TimeoutException:
-                raise QueryError("query_timeout", f"{url}: no answer within {self.timeout:g}s") from None
-            except httpx.ConnectError as exc:
-                raise QueryError("query_connect", f"cannot connect to {url}: {exc or type(exc).__name__}") from None
-            except httpx.HTTPError as exc:
-                raise QueryError("query_connect", f"request to {url} failed: {exc or type(exc).__name__}") from None
+        resp = await self._send("POST", url, url, **kw)
         try:
             doc = json.loads(resp.content)
         except (ValueError, UnicodeDecodeError, RecursionError):   # RecursionError: nested too deep
