@@ -26,13 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"exporter.commands.{name}")
-        except ModuleNotFoundError as exc:  # a command still being written
-            if exc.name != f"exporter.commands.{name}":
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(f"exporter.commands.{name}").register(sub)
     return parser
 
 
