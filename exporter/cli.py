@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vllm-drift", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="vllm-drift", description="Prometheus exporter and drift detector for fleets of vLLM servers.")
     parser.add_argument("--version", action="version", version=f"vllm-drift {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
