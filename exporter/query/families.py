@@ -64,27 +64,15 @@ def target_constant_labels(series: list[tuple[dict[str, str], float]], target_la
     return frozenset(drop)
 
 
-def strip_target_labels(series: list[tuple[dict[str, str], float]], target_label: str) -> list[tuple[dict[str, str], float]]:
-    """The series without the labels `target_constant_labels` names."""
-    drop = target_constant_labels(series, target_label)
-    return [({k: v for k, v in labels.items() if k not in drop}, value) for labels, value in series]
-
-
-def to_families(series: Iterable[tuple[Mapping[str, str], float]], drop: frozenset[str] = frozenset()) -> list[Family]:
-    """Series (`__name__` among the labels) -> exposition families in the canonicaliser's shape,
-    without the labels in `drop`. Sample order within a family does not matter: the
-    canonicaliser sorts histogram bounds itself."""
-    rows = ((labels["__name__"], labels, value) for labels, value in series if labels.get("__name__"))
-    return rows_to_families(rows, drop | {"__name__"})
-
-
 def rows_constant_labels(rows: list[tuple[str, Mapping[str, str], float]], target_label: str) -> frozenset[str]:
     """`target_constant_labels` for (name, labels, value) rows."""
     return target_constant_labels([(labels, value) for _, labels, value in rows], target_label)
 
 
 def rows_to_families(rows: Iterable[tuple[str, Mapping[str, str], float]], drop: frozenset[str]) -> list[Family]:
-    """`to_families` for (name, labels, value) rows (labels without `__name__`)."""
+    """(name, labels, value) rows -> exposition families in the canonicaliser's shape, without the
+    labels in `drop`. Sample order within a family does not matter: the canonicaliser sorts
+    histogram bounds itself."""
     families: dict[str, Family] = {}
     family_of = _FAMILY_OF
     for name, labels, value in rows:

@@ -32,8 +32,7 @@ from exporter.parse.canonical import canonicalise
 from exporter.parse.snapshot import Snapshot
 from exporter.query.client import PromAPI, QueryError
 from exporter.parse.exposition import Reader
-from exporter.query.families import (name_regex, rows_constant_labels, rows_to_families, target_constant_labels,
-                                     to_families)
+from exporter.query.families import name_regex, rows_constant_labels, rows_to_families
 
 log = structlog.get_logger("vllm_drift.query")
 
@@ -151,15 +150,8 @@ class PrometheusReader:
         scraped = next((v for labels, v in series if labels.get(PSEUDO) == "scrape_timestamp"), None)
         vllm = [(labels, v) for labels, v in series
                 if PSEUDO not in labels and labels.get("__name__", "").startswith("vllm:")]
-        if up is not None and up == 0:
-            raise QueryError("target_down", f"{url}: Prometheus reports up == 0 for this target")
-        if not vllm:
-            raise QueryError("no_series", f"{url}: no vLLM series in Prometheus for this target at {at:.0f}")
-        families = to_families(vllm, target_constant_labels(vllm, self.cfg.target_label))
-        try:
-            return canonicalise(families, target=url, timestamp=scraped if scraped else at)
-        except ParseError as exc:
-            raise QueryError("no_series", f"{url}: {exc}") from None
+        rows = [(labels["__name__"], labels, v) for labels, v in vllm]
+        return self._snapshots_from_rows(url, rows, up, scraped, at, drop=frozenset({"__name__"}))
 
     async def read(self, spec: TargetSpec, at: float) -> list[Snapshot]:
         """The target's Snapshots as of `at` (stamped with the scrape time Prometheus recorded).
@@ -255,12 +247,14 @@ class PrometheusReader:
                 fut.set_result(tuple(per[value]))
 
     def _snapshots_from_rows(self, url: str, rows: list, up: float | None, scraped: float | None,
-                             at: float) -> list[Snapshot]:
+                             at: float, drop: frozenset[str] = frozenset()) -> list[Snapshot]:
+        """(name, labels, value) rows of one target -> Snapshots through the canonicaliser; the
+        labels Prometheus added to every series of the target (and `drop`) are left out."""
         if up is not None and up == 0:
             raise QueryError("target_down", f"{url}: Prometheus reports up == 0 for this target")
         if not rows:
-            raise QueryError("no_series", f"{url}: no vLLM series in Prometheus for this target")
-        families = rows_to_families(rows, rows_constant_labels(rows, self.cfg.target_label))
+            raise QueryError("no_series", f"{url}: no vLLM series in Prometheus for this target at {at:.0f}")
+        families = rows_to_families(rows, rows_constant_labels(rows, self.cfg.target_label) | drop)
         try:
             return canonicalise(families, target=url, timestamp=scraped if scraped else at)
         except ParseError as exc:
