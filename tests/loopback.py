@@ -75,18 +75,23 @@ def reset_mid_body(body: bytes) -> Handler:
     return handle
 
 
+async def _stream_metrics_lines(writer, size: int) -> None:
+    """Write `size` bytes of valid-looking sample lines, until done or the client hangs up."""
+    chunk = b"vllm:num_requests_running{model_name=\"x\"} 1\n" * 1000
+    sent = 0
+    try:
+        while sent < size:
+            writer.write(chunk)
+            await writer.drain()
+            sent += len(chunk)
+    except ConnectionError:
+        pass
+
+
 def huge(size: int) -> Handler:
     async def handle(reader, writer, path):
         writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode())
-        chunk = b"vllm:num_requests_running{model_name=\"x\"} 1\n" * 1000
-        sent = 0
-        try:
-            while sent < size:
-                writer.write(chunk)
-                await writer.drain()
-                sent += len(chunk)
-        except ConnectionError:
-            pass
+        await _stream_metrics_lines(writer, size)
     return handle
 
 
@@ -110,15 +115,7 @@ def huge_unannounced(size: int) -> Handler:
     """A body of `size` bytes with no Content-Length (ends at close): only a streaming cap stops it."""
     async def handle(reader, writer, path):
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
-        chunk = b"vllm:num_requests_running{model_name=\"x\"} 1\n" * 1000
-        sent = 0
-        try:
-            while sent < size:
-                writer.write(chunk)
-                await writer.drain()
-                sent += len(chunk)
-        except ConnectionError:
-            pass
+        await _stream_metrics_lines(writer, size)
         writer.close()
     return handle
 
