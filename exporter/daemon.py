@@ -25,17 +25,15 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from exporter.config import Config, TargetSpec, build_config
 from exporter.drift.state import StateStore
-from exporter.drift.window_state import window_from_dict, window_to_dict
 from exporter.discovery import Discovery, build_discovery
 from exporter.errors import InputError, ParseError
-from exporter.evaluate import Evaluator
 from exporter.export.collector import Exposition, FleetView, TargetView
 from exporter.export.server import HTTPServer, Published
 from exporter.parse import parse_vllm
 from exporter.parse.snapshot import Snapshot
+from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.report import ModelReport
 from exporter.scrape import Metadata, Scraper, ScrapeError
-from exporter.window import Window
 
 log = structlog.get_logger("vllm_drift")
 
@@ -61,8 +59,7 @@ class TargetState:
     last_reason: str | None = None
     errors: dict[str, float] = field(default_factory=dict)
     metadata: Metadata | None = None
-    windows: dict[str, Window] = field(default_factory=dict)
-    latest: dict[str, Snapshot] = field(default_factory=dict)
+    pipelines: dict[str, TargetPipeline] = field(default_factory=dict)   # served model -> its pipeline
     reports: dict[str, ModelReport] = field(default_factory=dict)
     start_time: float | None = None
     served: tuple[tuple[str, str], ...] | None = None   # (model_name, engine_era) of the last scrape
@@ -90,9 +87,9 @@ class Daemon:
         self.reader = None             # PrometheusReader in query mode
         self.discovery: Discovery = self._make_discovery(cfg)
         self.scraper = self._make_scraper(cfg)
-        self.evaluator = Evaluator(cfg)
         self.state_store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
-        self._restored_windows: dict[tuple[str, str], dict] = {}
+        self.pipelines = Pipelines(cfg)
+        self.pipelines.on_state_error = self._state_error
         self.targets: dict[str, TargetState] = {}
         self.exposition = Exposition()
         self.published = Published(self.exposition.render)
@@ -243,7 +240,7 @@ class Daemon:
         url, now = st.spec.url, time.time()
         start = time.perf_counter()
         try:
-            if not st.windows and self.cfg.prometheus.backfill:
+            if not st.pipelines and self.cfg.prometheus.backfill:
                 step = max(self.cfg.scrape.interval, self.cfg.evaluation.window / 60)
                 for snaps in await self.reader.history(st.spec, now - self.cfg.evaluation.window, now, step):
                     self._observe(st, snaps, snaps[0].timestamp if snaps else now, quiet=True)
@@ -276,21 +273,18 @@ class Daemon:
             if st.last_error is not None:
                 log.info("scrape recovered", target=url)
                 st.last_error = st.last_reason = None
-        window_s = self.cfg.evaluation.window
         seen = set()
         for snap in snaps:
             seen.add(snap.model_name)
-            win = st.windows.get(snap.model_name)
-            if win is None:
-                win = st.windows[snap.model_name] = self._new_window(url, snap.model_name, window_s)
-            win.observe(snap)
-            st.latest[snap.model_name] = snap
-        if self._restored_windows and not quiet:   # a restored model this target no longer serves
-            for key in [k for k in self._restored_windows if k[0] == url and k[1] not in seen]:
-                del self._restored_windows[key]
-        for gone in set(st.latest) - seen:
-            st.latest.pop(gone, None)
-            st.windows.pop(gone, None)
+            pipe = st.pipelines.get(snap.model_name)
+            if pipe is None:
+                pipe = st.pipelines[snap.model_name] = self.pipelines.pipeline(st.spec, snap.model_name)
+            pipe.spec = st.spec
+            pipe.observe(snap)
+        if not quiet:   # a restored model this target no longer serves
+            self.pipelines.forget_restored(url, seen)
+        for gone in set(st.pipelines) - seen:
+            st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
 
     @staticmethod
@@ -311,10 +305,12 @@ class Daemon:
         start = time.perf_counter()
         now = time.time()
         for st in self.targets.values():
-            for model, snap in st.latest.items():
+            for model, pipe in st.pipelines.items():
+                if pipe.latest is None:
+                    continue
                 try:
-                    st.reports[model] = self.evaluator.evaluate(st.spec, model, st.windows[model], snap,
-                                                                st.metadata, now)
+                    pipe.spec = st.spec
+                    st.reports[model] = pipe.evaluate(st.metadata, now)
                 except Exception:  # one target's bad data must not stop the others
                     log.exception("evaluation failed", target=st.spec.url, model_name=model)
         self.last_evaluation = time.time()
@@ -328,8 +324,8 @@ class Daemon:
         views, findings, targets = [], [], []
         for url, st in sorted(self.targets.items()):
             version = st.metadata.vllm_version if st.metadata else None
-            models = {m: s.engine_era for m, s in st.latest.items()}
-            reports = tuple(st.reports[m] for m in sorted(st.reports) if m in st.latest)
+            models = {m: p.latest.engine_era for m, p in st.pipelines.items() if p.latest is not None}
+            reports = tuple(st.reports[m] for m in sorted(st.reports) if m in models)
             views.append(TargetView(url, st.spec.source, st.up, st.duration_s, st.last_success,
                                     dict(st.errors), version, models, reports))
             if reports:
@@ -371,7 +367,7 @@ class Daemon:
         self.reloads += 1
         self.discovery.close()
         self.discovery = self._make_discovery(new)
-        self.evaluator = Evaluator(new, previous=self.evaluator)
+        self.pipelines.reconfigure(new)
         self._setup_dcgm(new)
         if new.state_dir != old.state_dir:
             self.state_store = StateStore(new.state_dir) if new.state_dir else None
@@ -387,8 +383,8 @@ class Daemon:
             log.warning("listen address changes take effect on restart", listen=new.listen)
         if new.evaluation.window != old.evaluation.window:
             for st in self.targets.values():
-                for win in st.windows.values():
-                    win.resize(new.evaluation.window)
+                for pipe in st.pipelines.values():
+                    pipe.window.resize(new.evaluation.window)
         log.info("config reloaded", path=self.config_path)
         self.publish()
         return "ok"
@@ -518,15 +514,12 @@ class Daemon:
         if not doc:
             return
         try:
-            n = self.evaluator.restore(doc.get("evaluator") or {})
-            for key, wd in (doc.get("windows") or {}).items():
-                url, _, model = key.partition("|")
-                self._restored_windows[(url, model)] = wd
-            log.info("state restored", findings_trackers=n, windows=len(self._restored_windows))
+            n, windows = self.pipelines.restore(doc)
+            log.info("state restored", findings_trackers=n, windows=windows)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             self.state_store.error("load", f"unusable state: {exc}")
             self.state_store.set_aside()
-            self._restored_windows.clear()
+            self.pipelines.restored_windows.clear()
 
     def save_state(self, force: bool = False) -> None:
         store = self.state_store
@@ -534,24 +527,15 @@ class Daemon:
             return
         if not force and store.last_save is not None and time.time() - store.last_save < self.STATE_SAVE_MIN_INTERVAL:
             return
-        windows = {f"{url}|{model}": window_to_dict(win)
-                   for url, st in self.targets.items() for model, win in st.windows.items()}
         # Windows restored at start-up wait for their target's first good scrape; a save before
         # then (a slow first cycle, a target still down) must carry them over, not drop them.
-        for (url, model), saved in self._restored_windows.items():
-            if self.cycles == 0 or url in self.targets:
-                windows.setdefault(f"{url}|{model}", saved)
-        store.save({"evaluator": self.evaluator.to_dict(), "windows": windows})
+        store.save(self.pipelines.to_state(
+            (p for st in self.targets.values() for p in st.pipelines.values()),
+            keep_restored=lambda url: self.cycles == 0 or url in self.targets))
 
-    def _new_window(self, url: str, model: str, window_s: float) -> Window:
-        saved = self._restored_windows.pop((url, model), None)
-        if saved is not None:
-            try:
-                return window_from_dict(saved, window_s)
-            except (TypeError, ValueError, KeyError) as exc:
-                if self.state_store is not None:
-                    self.state_store.error("load", f"window of {url} {model}: {exc}")
-        return Window(window_s)
+    def _state_error(self, operation: str, message: str) -> None:
+        if self.state_store is not None:
+            self.state_store.error(operation, message)
 
     def _state_errors(self) -> dict[str, float]:
         return dict(self.state_store.errors) if self.state_store is not None else {}

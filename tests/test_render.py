@@ -12,11 +12,10 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
                                     InfoMetricFamily, SummaryMetricFamily)
 
 from exporter.config import Config, TargetSpec
-from exporter.evaluate import Evaluator
 from exporter.export.collector import FleetCollector, FleetView, TargetView
 from exporter.export.render import Renderer
 from exporter.parse import parse_vllm
-from exporter.window import Window
+from exporter.pipeline import Pipelines
 
 
 class Fixed:
@@ -34,18 +33,17 @@ def same(families) -> bool:
 
 
 def test_daemon_families_from_real_captures(captures):
-    ev = Evaluator(Config())
+    fleet = Pipelines(Config())
     views = []
     for i, (name, body) in enumerate(sorted(captures.items())):
         url = f"http://10.0.0.{i}:8000"
         snaps = parse_vllm(body, target=url, timestamp=1000.0)
         reports = []
         for snap in snaps:
-            win = Window(600.0)
-            win.observe(snap)
-            later = dataclasses.replace(snap, timestamp=1060.0)
-            win.observe(later)
-            reports.append(ev.evaluate(TargetSpec(url=url, gpu="H100"), snap.model_name, win, later, None, 1060.0))
+            pipe = fleet.pipeline(TargetSpec(url=url, gpu="H100"), snap.model_name, window_s=600.0)
+            pipe.observe(snap)
+            pipe.observe(dataclasses.replace(snap, timestamp=1060.0))
+            reports.append(pipe.evaluate(None, 1060.0))
         views.append(TargetView(url, "static", True, 0.01, 1060.0, {"timeout": 2.0, "parse": 1.0}, "0.10.1",
                                 {s.model_name: s.engine_era for s in snaps}, tuple(reports)))
     views.append(TargetView('http://x:1/"quoted"\\path\nnl', "file_sd", False, None, None, {}, None, {}, ()))

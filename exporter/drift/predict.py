@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
-from exporter.drift.inputs import Prediction, TierOption
+from exporter.drift.inputs import DriftInput, Prediction, TierOption
 from exporter.errors import InputError
 
 GIB = 1024**3
@@ -61,6 +61,51 @@ def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved
         notes.append("GPU unknown (vLLM does not export it): set targets[].gpu in the config or a "
                      "`gpu` label in file_sd (scan: --gpu) for capacity, latency and tier predictions")
     return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a (target, served model) is, resolved once from the hints: the catalog model and GPU
+    (None when unknown, with the missing hint named) and the quantization the hints give."""
+
+    target: str
+    model_name: str
+    resolved: Resolved
+    quantization: str | None = None
+
+
+def identify(target: str, model_name: str, candidates: list[str | None], gpu_hint: str | None, *,
+             quantization: str | None = None) -> Identity:
+    return Identity(target, model_name, resolve_hints([c for c in candidates if c], gpu_hint),
+                    quantization=quantization)
+
+
+def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
+                spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float]) -> Prediction:
+    """The prediction seam: given who the target is and what was observed, what the model says
+    (KV capacity, TPOT at the observed load, spec-decode gains, tiers), with its `basis`."""
+    traffic = {"prompt_mean": x.prompt_mean, "output_mean": x.output_mean, "prompt_p99": x.prompt_p99,
+               "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
+               "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
+               "spec_k": x.spec_k}
+    return predict(ident.resolved, tp=x.tp, pp=x.pp, quantization=ident.quantization,
+                   cache_dtype=x.cache_dtype, gpu_memory_utilization=x.gpu_memory_utilization,
+                   max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
+                   max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
+                   vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
+                   traffic={**_rounded(traffic), "spec_per_position": spec_per_position})
+
+
+def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
+    """Snap the traffic to a geometric grid of 10% steps, so the calculator's caches (tier
+    ranking is the costly part) hit across windows of steady traffic."""
+    out = {}
+    for k, v in traffic.items():
+        if v is None or v <= 0:
+            out[k] = v
+        else:
+            out[k] = float(f"{1.1 ** round(math.log(v) / math.log(1.1)):.4g}")
+    return out
 
 
 def _version(text: str | None):

@@ -1,4 +1,4 @@
-"""The Evaluator on the simulator's engine (in process: parse -> window -> evaluate, as the
+"""The pipeline on the simulator's engine (in process: parse -> window -> evaluate, as the
 daemon does): scores and report fields, observed capacity used over the predicted one, counter
 resets, config-change events, windows surviving (de)serialisation, and scan on real captures."""
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from exporter.config import Config, EvaluationConfig, TargetSpec
-from exporter.drift.window_state import window_from_dict, window_to_dict
-from exporter.evaluate import Evaluator
+from exporter.drift.engine import DriftEngine
 from exporter.parse import parse_vllm
+from exporter.pipeline import Pipelines, TargetPipeline, evaluate_snapshots
 from exporter.scrape import Metadata
 from exporter.sim.scenario import build, load_scenario
-from exporter.window import Window
+from exporter.window import window_from_dict, window_to_dict
 
 URL = "http://127.0.0.1:1"
 
@@ -43,8 +43,8 @@ class Feed:
         self.meta = Metadata(vllm_version=self.state.version, served_models=(name,),
                              max_model_len={name: self.state.max_model_len}, root={name: sc.model})
         self.cfg = Config(evaluation=EvaluationConfig(interval=5, window=window_s))
-        self.ev = Evaluator(self.cfg)
-        self.window = Window(window_s)
+        self.fleet = Pipelines(self.cfg)
+        self.pipe = self.fleet.pipeline(self.spec, name, window_s=window_s)
         self.t = 0.0
         self.snap = None
 
@@ -56,14 +56,18 @@ class Feed:
             self.t = round(self.t + scrape_s, 6)
             self.state.engine.advance_to(self.sc.warmup_s + self.t)
             [self.snap] = parse_vllm(self.state.exposition(), target=URL, timestamp=1.7e9 + self.t)
-            self.window.observe(self.snap)
+            self.pipe.observe(self.snap)
             if self.t + 1e-9 >= next_eval:
                 next_eval += eval_every
                 reports.append(self.evaluate())
         return reports
 
     def evaluate(self):
-        return self.ev.evaluate(self.spec, self.snap.model_name, self.window, self.snap, self.meta, 1.7e9 + self.t)
+        return self.pipe.evaluate(self.meta, 1.7e9 + self.t)
+
+    @property
+    def window(self):
+        return self.pipe.window
 
 
 def loud(report):
@@ -140,12 +144,12 @@ def test_config_change_is_recorded():
     f.advance(30)
     other = Feed("healthy", gpu_memory_utilization=0.85)
     [snap] = parse_vllm(other.state.exposition(), target=URL, timestamp=1.7e9 + f.t + 1)
-    f.window.observe(snap)
+    f.pipe.observe(snap)
     f.snap = snap
     f.t += 1
     report = f.evaluate()
     assert any(n.startswith("config change") and "gpu_memory_utilization 0.9 -> 0.85" in n for n in report.notes)
-    assert f.ev.trackers[Evaluator.key(URL, snap.model_name)].events[-1]["kind"] == "config_change"
+    assert f.fleet.engine.trackers[DriftEngine.key(URL, snap.model_name)].events[-1]["kind"] == "config_change"
 
 
 def test_window_survives_serialisation():
@@ -169,13 +173,17 @@ def test_window_survives_serialisation():
 def test_evaluator_state_restores_active_findings():
     f = Feed("kv-pressure")
     f.advance(90)
-    saved = json.loads(json.dumps(f.ev.to_dict()))
-    ev2 = Evaluator(f.cfg)
-    assert ev2.restore(saved) == 1
+    saved = json.loads(json.dumps(f.fleet.to_state([f.pipe])))
+    fleet2 = Pipelines(f.cfg)
+    assert fleet2.restore(saved) == (1, 1)
     before = {x.finding: x.since for x in f.evaluate().findings if x.severity != "info"}
-    after = {x.finding: x.since for x in ev2.evaluate(f.spec, f.snap.model_name, f.window, f.snap, f.meta,
-                                                       1.7e9 + f.t).findings if x.severity != "info"}
+    p2 = TargetPipeline(fleet2, f.spec, f.snap.model_name, f.window)
+    p2.latest = f.snap
+    after = {x.finding: x.since for x in p2.evaluate(f.meta, 1.7e9 + f.t).findings if x.severity != "info"}
     assert after == before and "kv_pressure" in after
+    # the saved window is claimed by the first pipeline of the same (target, model)
+    p3 = fleet2.pipeline(f.spec, f.snap.model_name)
+    assert len(p3.window) > 2 and not fleet2.restored_windows
 
 
 def test_scan_pair_on_real_captures_reports_a_status(shared, tmp_path):
@@ -231,12 +239,9 @@ def test_server_without_load_metrics_is_unavailable_not_zero():
     """--disable-log-stats: only cache_config_info is exported; nothing is judged from zeros."""
     st = build(load_scenario("healthy"), seed=1)
     text = "\n".join(l for l in st.exposition().splitlines() if "cache_config_info" in l) + "\n"
-    ev = Evaluator(Config(), one_shot=True)
-    w = Window(3600)
-    snaps = [parse_vllm(text, target=URL, timestamp=1.7e9 + dt)[0] for dt in (0, 30)]
-    for s in snaps:
-        w.observe(s)
-    r = ev.evaluate(TargetSpec(url=URL), snaps[-1].model_name, w, snaps[-1], None, 1.7e9 + 30)
+    snaps = [parse_vllm(text, target=URL, timestamp=1.7e9 + dt) for dt in (0, 30)]
+    [r] = evaluate_snapshots(Pipelines(Config(), one_shot=True), TargetSpec(url=URL), snaps, None, 1.7e9 + 30,
+                             window_s=3600)
     assert r.status == "unavailable"
     assert [f.finding for f in r.findings] == ["unavailable"]
     assert "needs vLLM's load metrics" in r.findings[0].explanation
@@ -248,18 +253,19 @@ def test_vanished_targets_are_forgotten_and_events_reported():
     f.advance(30)
     other = Feed("healthy", gpu_memory_utilization=0.85)
     [snap] = parse_vllm(other.state.exposition(), target=URL, timestamp=1.7e9 + f.t + 1)
-    f.window.observe(snap)
+    f.pipe.observe(snap)
     f.snap, f.t = snap, f.t + 1
     r = f.evaluate()
     assert r.events and r.events[-1]["changed"]["gpu_memory_utilization"] == ["0.9", "0.85"]
     assert r.to_json()["events"] == list(r.events)
     # another target evaluated two hours later: the silent one's state is dropped
     g = Feed("healthy")
-    g.ev = f.ev
+    g.fleet = f.fleet
     g.spec = TargetSpec(url="http://127.0.0.1:2", gpu="L4")
+    g.pipe = f.fleet.pipeline(g.spec, g.state.model_name, window_s=60.0)
     g.advance(30)
-    g.ev.evaluate(g.spec, g.snap.model_name, g.window, g.snap, g.meta, 1.7e9 + 7200 + g.t)
-    assert list(f.ev.trackers) == [Evaluator.key("http://127.0.0.1:2", g.snap.model_name)]
+    g.pipe.evaluate(g.meta, 1.7e9 + 7200 + g.t)
+    assert list(f.fleet.engine.trackers) == [DriftEngine.key("http://127.0.0.1:2", g.snap.model_name)]
 
 
 def test_report_carries_the_derived_quantities_behind_the_scores():
@@ -276,8 +282,9 @@ def test_report_carries_the_derived_quantities_behind_the_scores():
 def test_reload_keeps_the_stable_state():
     f = Feed("kv-pressure")
     f.advance(90)
-    again = Evaluator(f.cfg, previous=f.ev)
-    assert again.trackers is f.ev.trackers and again.trackers
+    before = f.fleet.engine
+    f.fleet.reconfigure(f.cfg)
+    assert f.fleet.engine is not before and f.fleet.engine.trackers is before.trackers and before.trackers
 
 
 def test_unknown_model_and_gpu_hints_are_named():

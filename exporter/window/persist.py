@@ -13,8 +13,7 @@ import math
 from typing import Any, Mapping
 
 from exporter.parse.snapshot import Histogram, Snapshot
-from exporter.window import Window
-from exporter.window.window import TRACKED_GAUGES
+from exporter.window.window import TRACKED_GAUGES, Window
 
 MAX_SAVED = 32
 

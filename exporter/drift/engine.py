@@ -1,47 +1,60 @@
-"""Turning one target's window into a `ModelReport`: observed signals, the calculator's view,
-scored findings, recommendations and the stable (hysteresis) state.
+"""The drift engine: one `DriftInput` (with its prediction) in, one `Judgement` out.
 
-`Evaluator.evaluate` is the single entry point the daemon and `scan` call for every served model.
-The Evaluator keeps one `Tracker` per (target, model) across calls, so findings need a minimum
-duration to raise and clear (see `exporter.drift.stability`); `to_dict`/`restore` carry that
-state across daemon restarts (`exporter.drift.state`). `scan` makes a fresh Evaluator with
-`raise_after=1`: a one-shot diagnosis has no history to confirm against.
+It decides whether the data suffices, runs the rules, folds their raw findings into the stable
+(hysteresis) set of the (target, model) and derives every score a report carries from the rules'
+own results: nothing outside this module re-runs a rule or recomputes a score.
+
+The engine keeps one `Tracker` per (target, model) across calls, so findings need a minimum
+duration to raise and clear (`exporter.drift.stability`); `to_dict`/`restore` carry that state
+across daemon restarts (`exporter.drift.state`). A one-shot diagnosis (`scan`) has no history to
+confirm against: it raises and clears at once and judges from any pair of snapshots.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import structlog
-
-from exporter.config import Config, TargetSpec
-from exporter.drift.inputs import DriftInput, Prediction
-from exporter.drift.observe import build_input, sufficiency
-from exporter.drift.predict import predict, resolve_hints
-from exporter.drift.observe import low_traffic
-from exporter.drift.rules import idle_ratio, rule_idle_capacity, rule_kv_pressure, run_rules
+from exporter.config import Config
+from exporter.drift.inputs import DriftInput
+from exporter.drift.observe import low_traffic, sufficiency
+from exporter.drift.rules import (RULES, configured_max_num_seqs, idle_ratio, kv_bound, queue_share,
+                                  recompute_share, rule_idle_capacity, rule_kv_pressure, victim_tokens)
 from exporter.drift.stability import Tracker
-from exporter.parse.snapshot import Snapshot
-from exporter.report import PARAMETERS, Finding, ModelReport, TierAdvice
-from exporter.scrape import Metadata
-from exporter.window import Window, observed_signals
-
-log = structlog.get_logger("vllm_drift")
+from exporter.report import PARAMETERS, Finding, TierAdvice
 
 
-class Evaluator:
+@dataclass(frozen=True)
+class Judgement:
+    """What the engine concluded about one (target, model) at one evaluation."""
+
+    status: str                                   # ok | insufficient_data | unavailable
+    findings: tuple[Finding, ...]                 # stable findings, most severe first
+    misconfiguration: dict[str, float] = field(default_factory=dict)
+    configured: dict[str, float] = field(default_factory=dict)
+    recommended: dict[str, float] = field(default_factory=dict)
+    kv_pressure_score: float | None = None
+    idle_capacity_ratio: float | None = None
+    tier: TierAdvice | None = None
+    waste_dollars_per_hour: float | None = None
+    observed_kv_cache_tokens_ratio: float | None = None
+    events: tuple[dict[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+    derived: dict[str, Any] = field(default_factory=dict)
+
+
+class DriftEngine:
     def __init__(self, cfg: Config, *, raise_after: int = 2, clear_after: int = 2,
-                 one_shot: bool = False, previous: "Evaluator | None" = None) -> None:
+                 one_shot: bool = False, previous: "DriftEngine | None" = None) -> None:
         self.cfg = cfg
         self.one_shot = one_shot
         if one_shot:
             raise_after = clear_after = 1
         self.raise_after, self.clear_after = raise_after, clear_after
-        # stable state survives a config reload (`previous`: the Evaluator being replaced)
+        # stable state survives a config reload (`previous`: the engine being replaced)
         self.trackers: dict[str, Tracker] = previous.trackers if previous is not None else {}
-        self._seen: dict[str, float] = previous._seen if previous is not None else {}
-        self._last_prune = 0.0
+        self.seen: dict[str, float] = previous.seen if previous is not None else {}
+        self.last_prune = 0.0
 
     # ------------------------------------------------------------------ state
     @staticmethod
@@ -51,24 +64,24 @@ class Evaluator:
     def tracker(self, target: str, model_name: str, now: float | None = None) -> Tracker:
         k = self.key(target, model_name)
         if now is not None:
-            self._seen[k] = now
-            self._prune(now)
+            self.seen[k] = now
+            self.prune(now)
         t = self.trackers.get(k)
         if t is None:
             t = self.trackers[k] = Tracker(raise_after=self.raise_after, clear_after=self.clear_after)
         return t
 
-    def _prune(self, now: float) -> None:
+    def prune(self, now: float) -> None:
         """Forget targets not evaluated for three windows (they left discovery)."""
-        if now - self._last_prune < 60.0:
+        if now - self.last_prune < 60.0:
             return
-        self._last_prune = now
+        self.last_prune = now
         horizon = max(3 * self.cfg.evaluation.window, 3600.0)
         for k in list(self.trackers):
-            seen = self._seen.setdefault(k, now)   # restored from state: counts from now
+            seen = self.seen.setdefault(k, now)   # restored from state: counts from now
             if now - seen > horizon:
                 del self.trackers[k]
-                del self._seen[k]
+                del self.seen[k]
 
     def to_dict(self) -> dict[str, Any]:
         return {k: t.to_dict() for k, t in self.trackers.items()}
@@ -81,63 +94,33 @@ class Evaluator:
                 n += 1
         return n
 
-    def forget(self, target: str, model_name: str | None = None) -> None:
-        for k in list(self.trackers):
-            t, _, m = k.partition("|")
-            if t == target and (model_name is None or m == model_name):
-                del self.trackers[k]
+    # ------------------------------------------------------------------ judging
+    def observe_config(self, target: str, model_name: str, cache_config: Mapping[str, str],
+                       now: float) -> dict[str, Any] | None:
+        """Record the served cache config; returns the config-change event, if it changed."""
+        return self.tracker(target, model_name, now).observe_config(cache_config, now)
 
-    # ------------------------------------------------------------------ evaluation
-    def evaluate(self, spec: TargetSpec, model_name: str, window: Window, latest: Snapshot,
-                 metadata: Metadata | None, now: float) -> ModelReport:
-        summary = window.summary(now)
-        observed = observed_signals(latest, summary)
-        if metadata and metadata.max_model_len and model_name in metadata.max_model_len:
-            observed["max_model_len"] = metadata.max_model_len[model_name]
-        version = metadata.vllm_version if metadata and metadata.vllm_version else None
-        tracker = self.tracker(spec.url, model_name, now)
-        notes: list[str] = []
-        event = tracker.observe_config(latest.cache_config, now)
-        if event is not None:
-            what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in event["changed"].items())
-            notes.append(f"config change: {what}")
-            log.info("config change", target=spec.url, model_name=model_name, changed=event["changed"])
-
-        x = build_input(spec, model_name, summary, latest, metadata, observed, self.cfg, window)
-        candidates = [spec.model, (spec.labels or {}).get("model"), model_name]
-        if metadata and metadata.root and model_name in metadata.root:
-            candidates.append(metadata.root[model_name])
-        gpu_hint = spec.gpu or spec.labels.get("gpu")
-        res = resolve_hints(candidates, gpu_hint)
-        slo = {"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}
-        traffic = {"prompt_mean": x.prompt_mean, "output_mean": x.output_mean, "prompt_p99": x.prompt_p99,
-                   "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
-                   "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
-                   "spec_k": x.spec_k}
-        pred = predict(res, tp=x.tp, pp=x.pp, quantization=spec.quantization or spec.labels.get("quantization"),
-                       cache_dtype=x.cache_dtype, gpu_memory_utilization=x.gpu_memory_utilization,
-                       max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
-                       max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
-                       vllm_version=version, slo=slo, prices=self.cfg.prices,
-                       traffic={**_rounded(traffic), "spec_per_position": _per_pos(summary)})
-        x = replace(x, prediction=pred, missing_hints=res.missing, model=res.model_id,
-                    gpu=res.gpu.name if res.gpu is not None else None)
-        notes.extend(pred.notes)
-
+    def judge(self, x: DriftInput, now: float, notes: tuple[str, ...] = ()) -> Judgement:
+        tracker = self.tracker(x.target, x.model_name, now)
         ok, why = sufficiency(x, one_shot=self.one_shot)
         status = "ok"
         quiet = low_traffic(x) if ok else ""
         blind = ok and x.kv_usage_max is None and x.running_mean is None and x.prompt_tps is None
+        raw: list[Finding] = []
+        kv_raw: list[Finding] = []
         if blind:
             # e.g. --disable-log-stats: vLLM then exports its config but no load at all
             status = "unavailable"
-            raw = []
             findings = [Finding("unavailable", "info", 0.0, explanation=(
                 "unavailable: needs vLLM's load metrics (kv_cache_usage, num_requests_running, "
                 "prompt_tokens_total); the server exports none (started with --disable-log-stats?)"))]
             findings += tracker.hold(now, x.window_s)
         elif ok and not quiet:
-            raw = run_rules(x)
+            for rule in RULES:
+                got = rule(x)
+                if rule is rule_kv_pressure:
+                    kv_raw = got
+                raw += got
             findings = tracker.update(raw, now)
         elif ok:
             # too little traffic to judge settings; an idle server is still an observation
@@ -146,24 +129,19 @@ class Evaluator:
             findings = tracker.update(raw, now) + [Finding("insufficient_data", "info", 0.0, explanation=quiet)]
         else:
             status = "insufficient_data"
-            raw = []
             findings = [Finding("insufficient_data", "info", 0.0, explanation=why)]
             findings += tracker.hold(now, x.window_s)
         findings = sorted(findings, key=_order)
-        return self._report(spec, model_name, version, latest, observed, x, raw, findings, status,
-                            notes, now)
+        return self._scores(x, raw, kv_raw, findings, status, notes, tracker)
 
-    def _report(self, spec: TargetSpec, model_name: str, version: str | None, latest: Snapshot,
-                observed: dict[str, Any], x: DriftInput, raw: list[Finding], findings: list[Finding],
-                status: str, notes: list[str], now: float) -> ModelReport:
-        pred: Prediction = x.prediction
+    def _scores(self, x: DriftInput, raw: list[Finding], kv_raw: list[Finding], findings: list[Finding],
+                status: str, notes: tuple[str, ...], tracker: Tracker) -> Judgement:
+        pred = x.prediction
         active = {f.finding: f for f in findings if f.severity in ("warning", "critical")}
         allf = {f.finding: f for f in findings}
         mis: dict[str, float] = {}
-        configured: dict[str, float] = {}
+        configured = _configured(x)
         recommended: dict[str, float] = {}
-        for param, value in _configured(x).items():
-            configured[param] = value
         if status == "ok":
             for param in PARAMETERS:
                 f = allf.get(param)
@@ -178,7 +156,7 @@ class Evaluator:
         kv_score = None
         idle = None
         if status == "ok":
-            kvf = [f for f in rule_kv_pressure(x) if f.finding == "kv_pressure"]
+            kvf = [f for f in kv_raw if f.finding == "kv_pressure"]
             kv_score = kvf[0].score if kvf else (0.0 if x.kv_usage_max is not None else None)
         if status == "ok" or any(f.finding == "idle_capacity" for f in raw):
             idle, _ = idle_ratio(x)     # also for a quiet server: idleness is what was observed
@@ -200,26 +178,23 @@ class Evaluator:
         ratio = None
         if x.kv_cache_tokens and pred.kv_cache_tokens:
             ratio = round(x.kv_cache_tokens / pred.kv_cache_tokens, 4)
-        return ModelReport(
-            target=spec.url, model_name=model_name, vllm_version=version or latest.version_guess, engine_era=latest.engine_era,
-            observed=observed, findings=tuple(findings), status=status, misconfiguration=mis,
-            configured=configured, recommended=recommended, kv_pressure_score=kv_score,
+        return Judgement(
+            status=status, findings=tuple(findings), misconfiguration=mis, configured=configured,
+            recommended=recommended, kv_pressure_score=kv_score,
             idle_capacity_ratio=None if idle is None else round(idle, 4), tier=tier,
-            waste_dollars_per_hour=waste, predicted_kv_cache_tokens=pred.kv_cache_tokens,
-            predicted_tpot_seconds=pred.tpot_s, observed_kv_cache_tokens_ratio=ratio,
-            notes=tuple(dict.fromkeys(notes)), evaluated_at=now,
-            events=tuple(self.trackers[self.key(spec.url, model_name)].events[-5:]),
+            waste_dollars_per_hour=waste, observed_kv_cache_tokens_ratio=ratio,
+            events=tuple(tracker.events[-5:]), notes=tuple(dict.fromkeys(notes)),
             derived=_derived(x) if status != "unavailable" else {})
 
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}
 
 
-def _order(f: Finding) -> tuple:
+def _order(f: Finding) -> tuple[int, float, str]:
     return (_SEV.get(f.severity, 3), -f.score, f.finding)
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     if isinstance(v, bool):
         return 1.0 if v else 0.0
     if isinstance(v, (int, float)) and math.isfinite(v):
@@ -234,7 +209,6 @@ def _num(v: Any) -> float | None:
 def _configured(x: DriftInput) -> dict[str, float]:
     """Configured values where observable (kv_cache_dtype: 1 = fp8, 0 = model dtype;
     enable_prefix_caching: 1/0; speculative_decoding: draft tokens per step, 0 = off)."""
-    from exporter.drift.rules import configured_max_num_seqs
     out: dict[str, float] = {}
     mns, _ = configured_max_num_seqs(x)
     if mns:
@@ -256,27 +230,9 @@ def _configured(x: DriftInput) -> dict[str, float]:
     return out
 
 
-def _per_pos(summary: Any) -> tuple[float, ...] | None:
-    pp = getattr(summary, "spec_decode_acceptance_per_pos", None)
-    return tuple(round(min(1.0, max(0.0, p)), 2) for p in pp) if pp else None
-
-
-def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
-    """Snap the traffic to a geometric grid of 10% steps, so the calculator's caches (tier
-    ranking is the costly part) hit across windows of steady traffic."""
-    out = {}
-    for k, v in traffic.items():
-        if v is None or v <= 0:
-            out[k] = v
-        else:
-            out[k] = float(f"{1.1 ** round(math.log(v) / math.log(1.1)):.4g}")
-    return out
-
-
 def _derived(x: DriftInput) -> dict[str, Any]:
     """The intermediate quantities the scores are computed from (docs/scores.md), so a reader can
     check a finding's arithmetic."""
-    from exporter.drift.rules import configured_max_num_seqs, kv_bound, queue_share, recompute_share, victim_tokens
     mns, how = configured_max_num_seqs(x)
 
     def r(v: float | None, nd: int = 4) -> float | None:
