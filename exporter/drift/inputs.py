@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exporter.model.optimizer import Tier
+from exporter.parse.version import Version
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -27,19 +30,10 @@ class Prediction:
     spec_missed_speedup: float | None = None    # speed-up speculation would plausibly give (off now)
     default_max_num_seqs: int | None = None     # vLLM's default for this GPU and version
     fp8_kv_supported: bool | None = None        # the GPU has an fp8 path
-    tiers: tuple["TierOption", ...] = ()        # cheapest first, same SLOs at the observed load
+    tiers: tuple[Tier, ...] = ()                # cheapest first, meeting the SLOs at the observed load
     current_cost_per_hour: float | None = None  # $/h of the current replica (GPUs x price)
     current_max_rps: float | None = None        # sustainable request rate at the SLOs
     notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class TierOption:
-    gpu: str
-    tp: int
-    replicas: int
-    dollars_per_hour: float
-    meets_slo: bool
 
 
 @dataclass(frozen=True)
@@ -47,7 +41,7 @@ class DriftInput:
     target: str
     model_name: str
     era: str = "v1"                              # "v0" | "v1"
-    vllm_version: tuple[int, int, int] | None = None
+    vllm_version: Version | None = None
 
     # -- the window
     window_s: float = 600.0

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from exporter.config import Config, TargetSpec
 from exporter.drift.inputs import DriftInput
 from exporter.parse.snapshot import Histogram, Snapshot
+from exporter.parse.version import read_version
 from exporter.scrape import Metadata
 
 MIN_COVER = 0.5          # share of the window the data must cover
@@ -44,20 +45,6 @@ def _bool(v: Any) -> bool | None:
 
 def _q(quantiles: Any, name: str) -> float | None:
     return None if quantiles is None else _f(getattr(quantiles, name, None))
-
-
-def _version(text: str | None) -> tuple[int, int, int] | None:
-    if not text:
-        return None
-    parts = []
-    for p in str(text).lstrip("v").split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    while len(parts) < 3:
-        parts.append(0)
-    return tuple(parts[:3])  # type: ignore[return-value]
 
 
 def _window_hist(window: Any, key: str) -> Histogram | None:
@@ -128,7 +115,7 @@ def build_input(spec: TargetSpec, model_name: str, obs: Any, latest: Snapshot, m
 
     return DriftInput(
         target=spec.url, model_name=model_name, era=latest.engine_era,
-        vllm_version=_version(metadata.vllm_version if metadata else None),
+        vllm_version=read_version(metadata.vllm_version if metadata else None),
         window_s=float(getattr(window, "duration", cfg.evaluation.window) if window is not None
                        else cfg.evaluation.window),
         covered_s=_f(getattr(obs, "duration_s", 0.0)) or 0.0, samples=int(getattr(obs, "samples", 0) or 0),

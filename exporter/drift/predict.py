@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
-from exporter.drift.inputs import DriftInput, Prediction, TierOption
+from exporter.drift.inputs import DriftInput, Prediction
 from exporter.errors import InputError
+from exporter.parse.version import read_version
 
 GIB = 1024**3
 
@@ -108,14 +109,6 @@ def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
     return out
 
 
-def _version(text: str | None):
-    from exporter.model.setup import parse_version
-    try:
-        return parse_version(text)
-    except InputError:
-        return None
-
-
 @lru_cache(maxsize=512)
 def _setup(model: Any, gpu: Any, tp: int, pp: int, quantization: str | None, kv_dtype: str,
            util: float | None, max_model_len: int | None, max_num_seqs: int | None,
@@ -148,7 +141,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
         setup = _setup(res.model, res.gpu, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
                        gpu_memory_utilization, int(max_model_len) if max_model_len else None,
                        max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
-                       _version(vllm_version))
+                       read_version(vllm_version))
         cap = kv_capacity(setup, check_fits=False)
     except InputError as exc:
         notes.append(f"calculator: {exc}")
@@ -199,7 +192,7 @@ def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, f
         try:
             tiers = _rank(setup.model, _coarse(tr), s, tuple(sorted(prices.items())), setup.quantization,
                           setup.kv_cache_dtype, setup.vllm_version, setup.gpu.name)
-            out["tiers"] = tuple(_tier(t) for t in tiers if t.meets_slo)
+            out["tiers"] = tuple(t for t in tiers if t.meets_slo)
         except (InputError, ArithmeticError, ValueError) as exc:
             notes.append(f"calculator tiers: {exc}")
     return out
@@ -293,9 +286,3 @@ def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None
     gpus = [g for g in GPUS if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
     return tuple(optimizer.rank_tiers(model, tr, slo, gpus=gpus, prices=dict(prices), quantization=quantization,
                                       kv_cache_dtype=kv_dtype, vllm_version=version))
-
-
-def _tier(t: Any) -> TierOption:
-    """`exporter.model.optimizer.Tier` -> the drift engine's own small value."""
-    return TierOption(gpu=t.gpu, tp=int(t.tp), replicas=int(t.replicas),
-                      dollars_per_hour=float(t.dollars_per_hour), meets_slo=bool(t.meets_slo))

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from exporter.parse.version import Version, format_version, read_version
+
 V0, V1 = "v0", "v1"
 
 
@@ -208,8 +210,11 @@ ROUTER_ONLY = frozenset((
 ROUTER_LABEL = "server"
 
 
-def version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in v.split("."))
+def version_tuple(v: str) -> Version:
+    got = read_version(v)
+    if got is None:
+        raise ValueError(f"not a vLLM version: {v!r}")
+    return got
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +249,8 @@ def guess_version(names: frozenset[str], era: str,
                   complete: bool) -> VersionRange:
     """Bound the version from the names present (and, for a complete V1 scrape, the always-on
     names absent) and from the `cache_config_info` label set."""
-    low: tuple[int, ...] = ()
-    high: tuple[int, ...] | None = None
+    low: Version | tuple[()] = ()
+    high: Version | None = None
     high_excl = False
 
     def lower(v: str) -> None:
@@ -282,5 +287,5 @@ def guess_version(names: frozenset[str], era: str,
         lower("0.7.1")
     if high is not None and low and (high < low or (high == low and high_excl)):
         return VersionRange()  # contradictory evidence (a patched build?): claim nothing
-    return VersionRange(".".join(map(str, low)) if low else None,
-                        ".".join(map(str, high)) if high is not None else None, high_excl)
+    return VersionRange(format_version(low) if low else None,
+                        format_version(high) if high is not None else None, high_excl)

@@ -6,11 +6,18 @@ from dataclasses import replace
 
 import pytest
 
-from exporter.drift.inputs import DriftInput, Prediction, TierOption
+from exporter.drift.inputs import DriftInput, Prediction
+from exporter.model.optimizer import Tier
 from exporter.drift.rules import (LEVELS, capture_ceil, capture_floor, grade, rule_enable_prefix_caching,
                                   rule_gpu_memory_utilization, rule_idle_capacity, rule_kv_cache_dtype,
                                   rule_kv_pressure, rule_max_model_len, rule_max_num_seqs,
                                   rule_speculative_decoding, rule_tier_misplacement, run_rules)
+
+
+def tier(gpu: str, tp: int, replicas: int, dollars_per_hour: float) -> Tier:
+    """A tier meeting the SLOs, as `exporter.model.optimizer.rank_tiers` returns it."""
+    return Tier(gpu, tp, replicas, dollars_per_hour, None, True, 64, 1.0, "test")
+
 
 # A comfortable chat server: ~10 running of 48, KV a quarter full, no queue, no preemption.
 HEALTHY = DriftInput(
@@ -141,7 +148,7 @@ def test_idle_capacity_monotonic():
 def test_tier_misplacement_needs_hints_and_prices_the_waste():
     [u] = rule_tier_misplacement(HEALTHY)
     assert u.finding == "unavailable" and "targets[].gpu" in u.explanation
-    pred = Prediction(tiers=(TierOption("L4", 1, 1, 0.8, True),), current_cost_per_hour=3.0)
+    pred = Prediction(tiers=(tier("L4", 1, 1, 0.8),), current_cost_per_hour=3.0)
     x = replace(HEALTHY, missing_hints=(), gpu="H100-SXM-80GB", prediction=pred)
     [f] = rule_tier_misplacement(x)
     assert f.recommended == "L4" and abs(f.score - (1 - 0.8 / 3.0)) < 1e-3 and "$2.20/h" in f.explanation
@@ -177,7 +184,7 @@ def test_missed_spec_gain_is_info_unless_it_would_fix_a_missed_tpot_slo():
 
 
 def test_tier_that_observably_misses_a_set_slo_gets_a_bigger_one():
-    pred = Prediction(tiers=(TierOption("L40S", 1, 1, 1.95, True),), current_cost_per_hour=0.8)
+    pred = Prediction(tiers=(tier("L40S", 1, 1, 1.95),), current_cost_per_hour=0.8)
     x = replace(HEALTHY, missing_hints=(), gpu="L4", prediction=pred, slo_tpot_s=0.05, tpot_p99=0.09)
     [f] = rule_tier_misplacement(x)
     assert f.binding == "slo" and f.recommended == "L40S" and f.severity == "warning"
@@ -210,7 +217,7 @@ def test_rules_on_random_inputs_stay_in_range():
         kw["max_num_seqs"] = rng.choice([None, 1, 8, 256])
         kw["era"] = rng.choice(["v0", "v1"])
         pred = Prediction(spec_missed_speedup=rng.choice([None, 0.8, 1.5]),
-                          tiers=(TierOption("L4", 1, rng.randint(1, 4), rng.uniform(0.5, 20), True),),
+                          tiers=(tier("L4", 1, rng.randint(1, 4), rng.uniform(0.5, 20)),),
                           current_cost_per_hour=rng.choice([None, 0.8, 10.0]))
         x = replace(HEALTHY, prediction=pred, missing_hints=rng.choice([(), ("gpu",)]), gpu="H100-SXM-80GB", **kw)
         for f in run_rules(x):
