@@ -33,7 +33,8 @@ from exporter.parse import parse_vllm
 from exporter.parse.snapshot import Snapshot
 from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.report import ModelReport
-from exporter.scrape import Metadata, Scraper, ScrapeError
+from exporter.parse.metadata import Metadata
+from exporter.scrape import Scraper, ScrapeError
 
 log = structlog.get_logger("vllm_drift")
 

@@ -30,7 +30,7 @@ from exporter.drift.observe import build_input
 from exporter.drift.predict import Identity, identify, predict_for
 from exporter.parse.snapshot import Snapshot
 from exporter.report import ModelReport
-from exporter.scrape import Metadata
+from exporter.parse.metadata import Metadata
 from exporter.window import Window, observed_signals, window_from_dict, window_to_dict
 
 log = structlog.get_logger("vllm_drift")

@@ -15,7 +15,7 @@ from exporter.config import Config, EvaluationConfig, TargetSpec
 from exporter.drift.engine import DriftEngine
 from exporter.parse import parse_vllm
 from exporter.pipeline import Pipelines, TargetPipeline, evaluate_snapshots
-from exporter.scrape import Metadata
+from exporter.parse.metadata import Metadata
 from exporter.sim.scenario import build, load_scenario
 from exporter.window import window_from_dict, window_to_dict
 

@@ -14,7 +14,8 @@ from exporter.errors import InputError, ParseError
 from exporter.parse import parse_vllm
 from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.report import ModelReport
-from exporter.scrape import Metadata, Scraper, ScrapeError
+from exporter.parse.metadata import Metadata
+from exporter.scrape import Scraper, ScrapeError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -14,7 +14,7 @@ from exporter.config import Config, TargetSpec
 from exporter.drift.inputs import DriftInput
 from exporter.parse.snapshot import Histogram, Snapshot
 from exporter.parse.version import read_version
-from exporter.scrape import Metadata
+from exporter.parse.metadata import Metadata
 
 MIN_COVER = 0.5          # share of the window the data must cover
 MIN_SAMPLES = 3
@@ -28,19 +28,6 @@ def _f(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
-
-
-def _bool(v: Any) -> bool | None:
-    if isinstance(v, bool):
-        return v
-    if v is None:
-        return None
-    s = str(v).strip().lower()
-    if s in ("true", "1", "yes"):
-        return True
-    if s in ("false", "0", "no"):
-        return False
-    return None        # "None" (some 0.8-0.10 servers): unknown
 
 
 def _q(quantiles: Any, name: str) -> float | None:
@@ -72,16 +59,16 @@ def _top_populated(h: Histogram | None) -> float | None:
 
 def build_input(spec: TargetSpec, model_name: str, obs: Any, latest: Snapshot, metadata: Metadata | None,
                 observed: Mapping[str, Any], cfg: Config, window: Any = None) -> DriftInput:
-    cc = latest.cache_config
-    blocks = _f(cc.get("num_gpu_blocks"))
-    bs = _f(cc.get("block_size"))
-    tokens = _f(cc.get("kv_cache_size_tokens"))
+    cc = latest.config
+    blocks = _f(cc.num_gpu_blocks)
+    bs = _f(cc.block_size)
+    tokens = _f(cc.kv_cache_size_tokens)
     if tokens is None and blocks and bs:
         tokens = blocks * bs
-    kv_mem = _f(cc.get("kv_cache_memory_bytes"))
+    kv_mem = cc.kv_cache_memory_bytes
     mml = _f(observed.get("max_model_len"))
     if mml is None:
-        mml = _f(cc.get("max_model_len"))
+        mml = _f(cc.max_model_len)
     slo = spec.slo or cfg.slo
     labels = spec.labels or {}
 
@@ -140,9 +127,8 @@ def build_input(spec: TargetSpec, model_name: str, obs: Any, latest: Snapshot, m
         queue_p99=_q(queue, "p99"), e2e_mean=_q(getattr(obs, "e2e", None), "mean"),
         itl_mean=_q(getattr(obs, "itl", None) or tpot, "mean"),
         num_gpu_blocks=blocks, block_size=bs, kv_cache_tokens=tokens,
-        gpu_memory_utilization=_f(cc.get("gpu_memory_utilization")),
-        enable_prefix_caching=_bool(cc.get("enable_prefix_caching")),
-        cache_dtype=(str(cc["cache_dtype"]) if cc.get("cache_dtype") not in (None, "None") else None),
+        gpu_memory_utilization=cc.gpu_memory_utilization, enable_prefix_caching=cc.enable_prefix_caching,
+        cache_dtype=cc.cache_dtype,
         max_model_len=mml, kv_cache_memory_gib=(kv_mem / 2**30 if kv_mem else None),
         gpu_hint=spec.gpu or labels.get("gpu"), tp=hint_int("tp") or 1, pp=hint_int("pp") or 1,
         max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
