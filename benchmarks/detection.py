@@ -30,7 +30,7 @@ from typing import Iterable
 from exporter.config import Config, EvaluationConfig, ScrapeConfig, TargetSpec
 from exporter.parse import parse_vllm
 from exporter.pipeline import Pipelines, TargetPipeline
-from exporter.scrape import Metadata
+from exporter.parse.metadata import Metadata
 from exporter.sim.scenario import build, builtin_names, load_scenario
 
 LOUD = ("warning", "critical")

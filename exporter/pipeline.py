@@ -109,13 +109,10 @@ class TargetPipeline:
 
     def identity(self, metadata: Metadata | None) -> Identity:
         """The hints (config, file_sd labels, /v1/models root) resolved once per change of them."""
-        spec, labels = self.spec, self.spec.labels or {}
         root = metadata.root.get(self.model_name) if metadata and metadata.root else None
-        key = (spec.model, labels.get("model"), root, spec.gpu or labels.get("gpu"),
-               spec.quantization or labels.get("quantization"))
-        if key != self.identity_key or self.identity_value is None:
-            self.identity_value = identify(spec.url, self.model_name, [key[0], key[1], self.model_name, root],
-                                           key[3], quantization=key[4])
+        key = (self.spec, root)
+        if self.identity_value is None or key != self.identity_key:
+            self.identity_value = identify(self.spec, self.model_name, root)
             self.identity_key = key
         return self.identity_value
 
@@ -136,15 +133,14 @@ class TargetPipeline:
             notes.append(f"config change: {what}")
             log.info("config change", target=spec.url, model_name=model_name, changed=event["changed"])
 
-        x = build_input(spec, model_name, summary, latest, metadata, observed, fleet.cfg, self.window)
         ident = self.identity(metadata)
+        x = build_input(ident, summary, latest, metadata, observed, spec.slo or fleet.cfg.slo,
+                        fleet.cfg.evaluation.window, self.window)
         per_pos = summary.spec_decode_acceptance_per_pos
         pred = predict_for(ident, x, vllm_version=version, prices=fleet.cfg.prices,
                            spec_per_position=tuple(round(min(1.0, max(0.0, p)), 2) for p in per_pos)
                            if per_pos else None)
-        res = ident.resolved
-        x = replace(x, prediction=pred, missing_hints=res.missing, model=res.model_id,
-                    gpu=res.gpu.name if res.gpu is not None else None)
+        x = replace(x, prediction=pred)
         notes.extend(pred.notes)
         j: Judgement = fleet.engine.judge(x, now, tuple(notes))
         return ModelReport(

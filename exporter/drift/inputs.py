@@ -96,9 +96,8 @@ class DriftInput:
     max_model_len: float | None = None
     kv_cache_memory_gib: float | None = None      # kv_cache_memory_bytes label (0.10.2-0.11.0)
 
-    # -- hints (config, file_sd labels, scan flags)
+    # -- the target's identity (exporter.drift.predict.Identity: hints resolved once)
     gpu: str | None = None                        # resolved catalog name
-    gpu_hint: str | None = None                   # as given
     tp: int = 1
     pp: int = 1
     model: str | None = None                      # resolved catalog id / path

@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from exporter.drift.inputs import DriftInput, Prediction
+from exporter.config import TargetSpec
 from exporter.errors import InputError
 from exporter.parse.version import read_version
 
@@ -66,19 +67,41 @@ def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a (target, served model) is, resolved once from the hints: the catalog model and GPU
-    (None when unknown, with the missing hint named) and the quantization the hints give."""
+    """Who a (target, served model) is: every hint (config, file_sd labels, scan flags,
+    `/v1/models` root) resolved once. The catalog model and GPU are None when unknown, with the
+    missing hint named in `resolved`."""
 
     target: str
     model_name: str
     resolved: Resolved
+    tp: int = 1
+    pp: int = 1
     quantization: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def gpu(self) -> str | None:
+        return self.resolved.gpu.name if self.resolved.gpu is not None else None
 
 
-def identify(target: str, model_name: str, candidates: list[str | None], gpu_hint: str | None, *,
-             quantization: str | None = None) -> Identity:
-    return Identity(target, model_name, resolve_hints([c for c in candidates if c], gpu_hint),
-                    quantization=quantization)
+def identify(spec: TargetSpec, model_name: str, root: str | None = None) -> Identity:
+    """The target spec's hints (its fields, else its labels) resolved for one served model."""
+    labels = spec.labels or {}
+
+    def hint(name: str) -> Any:
+        return getattr(spec, name, None) or labels.get(name)
+
+    def hint_int(name: str) -> int | None:
+        v = hint(name)
+        try:
+            return int(v) if v else None
+        except (TypeError, ValueError):
+            return None
+    candidates = [spec.model, labels.get("model"), model_name, root]
+    return Identity(spec.url, model_name, resolve_hints([c for c in candidates if c], hint("gpu")),
+                    tp=hint_int("tp") or 1, pp=hint_int("pp") or 1, quantization=hint("quantization"),
+                    max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"))
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
@@ -89,7 +112,7 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
                "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
                "spec_k": x.spec_k}
-    return predict(ident.resolved, tp=x.tp, pp=x.pp, quantization=ident.quantization,
+    return predict(ident.resolved, tp=ident.tp, pp=ident.pp, quantization=ident.quantization,
                    cache_dtype=x.cache_dtype, gpu_memory_utilization=x.gpu_memory_utilization,
                    max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
                    max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,

@@ -164,7 +164,6 @@ BY_ERA: dict[str, dict[str, MetricName]] = {
 
 # Names only one engine ever declared: their presence tells the era (§3.1).
 V0_ONLY = frozenset(BY_ERA[V0]) - frozenset(BY_ERA[V1])
-V1_ONLY = frozenset(BY_ERA[V1]) - frozenset(BY_ERA[V0])
 # HELP of vllm:num_requests_running (§3.1).
 V1_RUNNING_HELP = "Number of requests in model execution batches."
 V0_RUNNING_HELP = "Number of requests currently running on GPU."
