@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from exporter.config import Config, EvaluationConfig, ScrapeConfig, TargetSpec
+from exporter.logs import configure
 from exporter.parse import parse_vllm
 from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.parse.metadata import Metadata
@@ -152,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    from exporter.logs import configure
     configure("console", "warning")     # config-change events are info: keep stdout for results
     names = a.scenarios or builtin_names()
     t0 = time.perf_counter()

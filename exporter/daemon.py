@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import gc
 import json
 import os
@@ -32,9 +33,13 @@ from exporter.export.server import HTTPServer, Published
 from exporter.parse import parse_vllm
 from exporter.parse.snapshot import Snapshot
 from exporter.pipeline import Pipelines, TargetPipeline
+from exporter.query.client import QueryError
+from exporter.query.reader import PrometheusReader
 from exporter.report import ModelReport
 from exporter.parse.metadata import Metadata
 from exporter.scrape import Scraper, ScrapeError
+from exporter.telemetry.collector import GpuCollector
+from exporter.telemetry.dcgm import DCGMSource, TargetGpus
 
 log = structlog.get_logger("vllm_drift")
 
@@ -64,7 +69,7 @@ class TargetState:
     reports: dict[str, ModelReport] = field(default_factory=dict)
     start_time: float | None = None
     served: tuple[tuple[str, str], ...] | None = None   # (model_name, engine_era) of the last scrape
-    gpus: Any = None                  # exporter.telemetry.dcgm.TargetGpus, when DCGM is configured
+    gpus: TargetGpus | None = None    # when DCGM is configured
 
     def fail(self, reason: str, message: str, now: float) -> None:
         self.up = False
@@ -131,8 +136,6 @@ class Daemon:
         if cfg.prometheus is None:
             self.reader = None
             return build_discovery(cfg, on_error=self._discovery_error)
-        from exporter.query.reader import PrometheusReader
-
         if cfg.targets or cfg.file_sd or cfg.kubernetes:
             log.warning("query mode: targets come from Prometheus; targets, file_sd and kubernetes are not used",
                         prometheus=cfg.prometheus.url)
@@ -147,15 +150,12 @@ class Daemon:
             if self.gpu_collector is not None:
                 self.gpu_collector.view = {}
             return
-        from exporter.telemetry.collector import GpuCollector
-        from exporter.telemetry.dcgm import DCGMSource
-
         self.dcgm = DCGMSource(cfg.dcgm, on_error=self._discovery_error)
         if self.gpu_collector is None:
             self.gpu_collector = GpuCollector()
             self.exposition.registry.register(self.gpu_collector)
 
-    async def _join_gpus(self, wanted: dict[str, TargetSpec]) -> tuple[dict[str, TargetSpec], dict[str, Any]]:
+    async def _join_gpus(self, wanted: dict[str, TargetSpec]) -> tuple[dict[str, TargetSpec], dict[str, TargetGpus | None]]:
         """Refresh DCGM when due; a target without a `gpu` hint takes the GPU DCGM names."""
         if self.dcgm.due(time.time()):
             await self.dcgm.refresh(self.scraper, self.reader.api if self.reader is not None else None)
@@ -236,8 +236,6 @@ class Daemon:
     async def query_one(self, st: TargetState) -> None:
         """Query mode: the target's Snapshots from the store. A failing store is counted by
         reason and leaves the target's state as it was; the store's `up == 0` marks it down."""
-        from exporter.query.client import QueryError
-
         url, now = st.spec.url, time.time()
         start = time.perf_counter()
         try:
@@ -432,7 +430,7 @@ class Daemon:
             pass
         sched = self.scheduler = AsyncIOScheduler(event_loop=loop)
         sched.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
-        now = __import__("datetime").datetime.now()
+        now = datetime.datetime.now()
         sc, ev = self.cfg.scrape, self.cfg.evaluation
         sched.add_job(self.scrape_cycle, "interval", seconds=sc.interval, jitter=min(sc.jitter, sc.interval / 4),
                       id="scrape", max_instances=1, coalesce=True, next_run_time=now, misfire_grace_time=None)

@@ -10,22 +10,30 @@ Everything here is pure (no I/O except the packaged catalogs), so it is cached p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.config import TargetSpec
 from exporter.errors import InputError
-from exporter.parse.version import read_version
+from exporter.model import optimizer, perf, resolve_gpu, resolve_model
+from exporter.model.optimizer import Tier
+from exporter.model.architectures import ModelArch
+from exporter.model.gpus import GPU, GPUS
+from exporter.model.kv_cache import kv_capacity
+from exporter.model.setup import Setup
+from exporter.model.spec_decode import SpecConfig, gain
+from exporter.model.traffic import SLO, Traffic
+from exporter.parse.version import Version, read_version
 
 GIB = 1024**3
 
 
 @dataclass(frozen=True)
 class Resolved:
-    model: Any | None          # ModelArch
-    gpu: Any | None            # GPU
+    model: ModelArch | None
+    gpu: GPU | None
     model_id: str | None
     missing: tuple[str, ...]
     notes: tuple[str, ...]
@@ -33,7 +41,6 @@ class Resolved:
 
 def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved:
     """First model name that the catalog (or a local config.json) knows, and the GPU hint."""
-    from exporter.model import resolve_gpu, resolve_model
 
     notes: list[str] = []
     missing: list[str] = []
@@ -133,10 +140,9 @@ def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
 
 
 @lru_cache(maxsize=512)
-def _setup(model: Any, gpu: Any, tp: int, pp: int, quantization: str | None, kv_dtype: str,
+def _setup(model: ModelArch, gpu: GPU, tp: int, pp: int, quantization: str | None, kv_dtype: str,
            util: float | None, max_model_len: int | None, max_num_seqs: int | None,
            mnbt: int | None, block_size: int | None, version: tuple | None):
-    from exporter.model.setup import Setup
     return Setup.build(model, gpu, tp=tp, pp=pp, quantization=quantization, kv_cache_dtype=kv_dtype,
                        gpu_memory_utilization=util, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
@@ -158,7 +164,6 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     notes = list(res.notes)
     if res.model is None or res.gpu is None:
         return Prediction(notes=tuple(notes))
-    from exporter.model.kv_cache import kv_capacity
 
     try:
         setup = _setup(res.model, res.gpu, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
@@ -185,12 +190,11 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
 DEFAULT_SLO = {"ttft": 2.0, "tpot": 0.150}
 
 
-def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
+def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
                  prices: Mapping[str, float], notes: list[str]) -> dict[str, Any]:
     """TPOT at the observed load, the replica's sustainable rate at the SLOs, the spec-decode
     speed-up and the tier ranking, from `exporter.model.perf` and `exporter.model.optimizer`."""
     out: dict[str, Any] = {}
-    from exporter.model.traffic import SLO, Traffic
 
     prompt, output = traffic.get("prompt_mean"), traffic.get("output_mean")
     if not prompt or not output or prompt < 1 or output < 1:
@@ -221,16 +225,15 @@ def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, f
     return out
 
 
-def _coarse(tr: Any) -> Any:
+def _coarse(tr: Traffic) -> Traffic:
     """The traffic on a 25% grid for the tier ranking (the costly call): tiers are priced in whole
     GPUs and replicas, so finer changes rarely move the answer, and steady traffic hits the cache."""
-    from dataclasses import replace as _replace
 
     def snap(v: float | None) -> float | None:
         if v is None or v <= 0:
             return v
         return float(f"{1.25 ** math.ceil(math.log(v) / math.log(1.25) - 1e-9):.4g}")
-    return _replace(tr, prompt_tokens_mean=max(1.0, snap(tr.prompt_tokens_mean)),
+    return replace(tr, prompt_tokens_mean=max(1.0, snap(tr.prompt_tokens_mean)),
                     output_tokens_mean=max(1.0, snap(tr.output_tokens_mean)),
                     prompt_tokens_p99=snap(tr.prompt_tokens_p99), output_tokens_p99=snap(tr.output_tokens_p99),
                     arrival_rate_rps=snap(tr.arrival_rate_rps),
@@ -242,7 +245,7 @@ def _coarse(tr: Any) -> Any:
 CONSUMER_GPUS = ("RTX-3090-24GB", "RTX-4090-24GB")
 
 
-def _latency(setup: Any, tr: Any, s: Any, running: float | None, k: float | None,
+def _latency(setup: Setup, tr: Traffic, s: SLO, running: float | None, k: float | None,
              per_pos: tuple[float, ...] | None, draft_cost: float | None, want_table: bool) -> dict[str, Any]:
     """The latency side, in cached pieces: the costly ones (SLO-feasible capacity, TPOT per
     batch) on the coarse traffic grid, TPOT at the running batch on the fine one."""
@@ -258,7 +261,6 @@ def _latency(setup: Any, tr: Any, s: Any, running: float | None, k: float | None
     if not k and running:
         out["spec_missed_speedup"] = _missed_gain(setup, coarse, max(1, int(round(running))))
     if k and k >= 1:
-        from exporter.model.spec_decode import SpecConfig, gain
         spec = SpecConfig(num_tokens=int(round(k)), alpha=0.0, per_position=per_pos, draft_cost=draft_cost)
         ctx = tr.prompt_tokens_mean + tr.output_tokens_mean / 2.0
         out["spec_speedup"] = float(gain(setup, spec, int(max(1, round(running or 1))), ctx).speedup)
@@ -275,37 +277,31 @@ ASSUMED_SPEC = {"num_tokens": 3, "alpha": 0.6, "method": "eagle"}
 
 
 @lru_cache(maxsize=1024)
-def _missed_gain(setup: Any, tr: Any, batch: int) -> float:
-    from exporter.model.spec_decode import SpecConfig, gain
+def _missed_gain(setup: Setup, tr: Traffic, batch: int) -> float:
     ctx = tr.prompt_tokens_mean + tr.output_tokens_mean / 2.0
     return float(gain(setup, SpecConfig(**ASSUMED_SPEC), batch, ctx).speedup)
 
 
 @lru_cache(maxsize=1024)
-def _tpot(setup: Any, tr: Any, batch: int) -> float:
-    from exporter.model import perf
+def _tpot(setup: Setup, tr: Traffic, batch: int) -> float:
     return float(perf.predict(setup, tr, concurrency=batch).tpot_s)
 
 
 @lru_cache(maxsize=256)
-def _tpot_table(setup: Any, tr: Any) -> tuple[tuple[int, float], ...]:
-    from exporter.model import perf
+def _tpot_table(setup: Setup, tr: Traffic) -> tuple[tuple[int, float], ...]:
     return tuple((b, float(perf.predict(setup, tr, concurrency=b).tpot_s))
                  for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= setup.max_num_seqs)
 
 
 @lru_cache(maxsize=256)
-def _capacity(setup: Any, tr: Any, s: Any) -> tuple[float | None, int | None]:
-    from exporter.model import optimizer
+def _capacity(setup: Setup, tr: Traffic, s: SLO) -> tuple[float | None, int | None]:
     rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s)
     return (float(rate) if rate > 0 else None), (int(b_cap) if b_cap else None)
 
 
 @lru_cache(maxsize=256)
-def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None, kv_dtype: str,
-          version: tuple, current_gpu: str) -> tuple:
-    from exporter.model import optimizer
-    from exporter.model.gpus import GPUS
+def _rank(model: ModelArch, tr: Traffic, slo: SLO, prices: tuple[tuple[str, float], ...],
+          quantization: str | None, kv_dtype: str, version: Version, current_gpu: str) -> tuple[Tier, ...]:
     gpus = [g for g in GPUS if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
     return tuple(optimizer.rank_tiers(model, tr, slo, gpus=gpus, prices=dict(prices), quantization=quantization,
                                       kv_cache_dtype=kv_dtype, vllm_version=version))

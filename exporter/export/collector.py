@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -186,7 +186,6 @@ class Exposition:
         self.collector = FleetCollector()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
-        from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 
         self.live = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.live)
