@@ -10,7 +10,7 @@ import time
 import pytest
 
 import loopback
-from daemons import Daemon, get, samples, wait_for
+from daemons import Daemon, get, samples, wait_cycles, wait_for
 
 VERSION = {"vllm-0.10.1": b'{"version":"0.10.1"}', "vllm-0.11.0": b'{"version":"0.11.0"}', "vllm-0.7.0": b'{"version":"0.7.0"}'}
 
@@ -87,8 +87,8 @@ def test_bad_config_reload_keeps_the_old_one(fleet, tmp_path, cli_env):
         cfg.write_text("scrape: {interval: 1s, timeout: 1s}\ntargets:\n  - url: not-a-url\n")
         d.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: samples(d.metrics(), "vllm_drift_config_reload_failures_total").get("") == 1.0)
-        time.sleep(1.5)
-        assert samples(d.metrics(), "vllm_drift_target_up").get(f'{{target="{good.url}"}}') == 1.0
+        body = wait_cycles(d.metrics, 2)      # scraping goes on under the old config
+        assert samples(body, "vllm_drift_target_up").get(f'{{target="{good.url}"}}') == 1.0
         # a valid change is picked up from the file without a signal
         other = fleet[1]
         cfg.write_text(f"scrape: {{interval: 1s, timeout: 1s}}\ntargets:\n  - url: {good.url}\n  - url: {other.url}\n")
@@ -136,9 +136,8 @@ def test_each_kind_of_bad_target_is_down_with_its_reason(captures, tmp_path, cli
         def settled():
             text = d.metrics()
             return text if len(samples(text, "vllm_drift_target_up")) == len(sites) else None
-        body = wait_for(settled)
-        time.sleep(1.5)
-        body = d.metrics()
+        wait_for(settled)
+        body = wait_cycles(d.metrics, 1)
         up = samples(body, "vllm_drift_target_up")
         errs = samples(body, "vllm_drift_scrape_errors_total")
         for kind, site in sites.items():

@@ -201,3 +201,27 @@ class Prometheus:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def wait_cycles(metrics, n: int = 1, timeout: float = 30) -> str:
+    """Wait until the daemon whose exposition `metrics()` returns completes `n` more scrape cycles
+    than when called; returns the exposition then."""
+    start = samples(metrics(), "vllm_drift_scrape_cycles_total").get("", 0.0)
+
+    def done():
+        text = metrics()
+        return text if samples(text, "vllm_drift_scrape_cycles_total").get("", 0.0) >= start + n else None
+    return wait_for(done, timeout=timeout)
+
+
+def wait_evaluations(metrics, n: int = 1, timeout: float = 30) -> None:
+    """Wait until the daemon finishes `n` more evaluations (its last-evaluation time moves n times;
+    the poll step is well under any evaluation interval the tests use)."""
+    seen = [samples(metrics(), "vllm_drift_last_evaluation_timestamp_seconds").get("")]
+
+    def done():
+        now = samples(metrics(), "vllm_drift_last_evaluation_timestamp_seconds").get("")
+        if now != seen[-1]:
+            seen.append(now)
+        return len(seen) > n
+    wait_for(done, timeout=timeout, step=0.1)

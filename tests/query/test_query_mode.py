@@ -12,7 +12,7 @@ import pytest
 
 import loopback
 from conftest import free_port
-from daemons import PROMETHEUS, Daemon, Prometheus, get, samples, wait_for
+from daemons import PROMETHEUS, Daemon, Prometheus, get, samples, wait_evaluations, wait_for
 
 from exporter.config import PrometheusConfig
 from exporter.parse.canonical import parse_vllm
@@ -110,7 +110,8 @@ def test_query_mode_reports_what_scrape_mode_reports(fleet, prometheus, tmp_path
         for d in (direct, query):
             wait_for(lambda d=d: get(d.url + "/-/ready")[0] == 200, timeout=60)
         # two evaluations after ready, so both windows hold several snapshots
-        time.sleep(4.5)
+        for d in (direct, query):
+            wait_evaluations(d.metrics, 2)
         a, b = by_target(direct), by_target(query)
         assert set(a) == set(b) == {s.url for s in fleet}
         for url in a:
