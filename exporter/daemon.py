@@ -1,4 +1,8 @@
-"""The `serve` daemon: discover -> scrape -> parse -> window -> evaluate -> publish.
+"""The `serve` daemon: discover -> scrape -> parse -> pipelines -> publish.
+
+The daemon schedules, discovers, keeps per-target state (scrape health, metadata, one
+`TargetPipeline` per served model) and publishes; turning a target's snapshots into a report is
+`exporter.pipeline`'s job, and its state (stable findings, windows) is saved through it.
 
 One asyncio loop runs two APScheduler jobs that never overlap themselves (`max_instances=1`):
 the scrape cycle (every `scrape.interval`, with jitter) and the evaluation (every
@@ -155,7 +159,8 @@ class Daemon:
             self.gpu_collector = GpuCollector()
             self.exposition.registry.register(self.gpu_collector)
 
-    async def _join_gpus(self, wanted: dict[str, TargetSpec]) -> tuple[dict[str, TargetSpec], dict[str, TargetGpus | None]]:
+    async def _join_gpus(self, wanted: dict[str, TargetSpec]
+                         ) -> tuple[dict[str, TargetSpec], dict[str, TargetGpus | None]]:
         """Refresh DCGM when due; a target without a `gpu` hint takes the GPU DCGM names."""
         if self.dcgm.due(time.time()):
             await self.dcgm.refresh(self.scraper, self.reader.api if self.reader is not None else None)

@@ -1,4 +1,4 @@
-"""The `observed` object of `scan --json` and `/api/v1/findings` (INTERFACE.md).
+"""The `observed` object of `scan --json` and `/api/v1/findings`.
 
 Why here: it is the one place where a Snapshot (instantaneous gauges, lifetime counters, the
 served configuration) and a window summary (rates and quantiles) meet, with a fixed rule for
@@ -37,8 +37,9 @@ def _window_ok(observed: Observed | None) -> bool:
 
 def observed_signals(snapshot: Snapshot, observed: Observed | None = None, *,
                      max_model_len: int | None = None) -> dict[str, Any]:
-    """Every INTERFACE.md `observed` key (None when absent), plus extra keys: window rates
-    (`*_per_s`), more quantiles, gauge means/maxima, the era and version guess."""
+    """Every `observed` key of the findings contract (`OBSERVED_KEYS`, None when absent), plus
+    extra keys: window rates (`*_per_s`), more quantiles, gauge means/maxima, the era and
+    version guess."""
     g, c, h, cfg = snapshot.gauges, snapshot.counters, snapshot.histograms, snapshot.config
     window = _window_ok(observed)
     out: dict[str, Any] = {
