@@ -1,7 +1,8 @@
 """Shared test fixtures and paths: where the repo, the shared reference data and the committed
 vLLM captures live, free loopback ports. Test files live in folders mirroring the package
 (tests/parse, tests/drift, ...); helper modules in tests/helpers (loopback.py: small real HTTP
-servers on 127.0.0.1; kube_api_server.py; promql.py; waiting.py) import by bare name."""
+servers on 127.0.0.1; daemons.py: the daemon, simulator and Prometheus as subprocesses, condition
+waits; kube_api_server.py; promql.py) import by bare name."""
 from __future__ import annotations
 
 import os

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO
+from promql import vector_selectors
 
 ROOT = REPO
 SHARED = ROOT.parent / "shared"
@@ -70,21 +71,8 @@ def label_values_inner(expr: str) -> str:
 
 
 def metric_names(expr: str) -> set[str]:
-    names: set[str] = set()
-
-    def walk(node):
-        name = getattr(node, "name", None)
-        if isinstance(name, str) and type(node).__name__ == "VectorSelector":
-            names.add(name)
-        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, (str, int, float)):
-                walk(child)
-        for child in getattr(node, "args", None) or []:
-            walk(child)
-
-    walk(promql_parser.parse(substitute(label_values_inner(expr))))
-    return names
+    return {n.name for n in vector_selectors(promql_parser.parse(substitute(label_values_inner(expr))))
+            if isinstance(n.name, str)}
 
 
 def recording_rules() -> dict[str, str]:
@@ -240,22 +228,10 @@ def test_provisioning_files():
 
 def selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
     """(metric name, {label: matcher value}) for every vector selector, variables left as is."""
-    out: list[tuple[str, dict[str, str]]] = []
     marked = re.sub(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", lambda m: f"VAR_{m.group(1) or m.group(2)}", expr)
     marked = marked.replace("VAR___rate_interval", "1m").replace("VAR___interval", "1m").replace("VAR___range", "1h")
-
-    def walk(node):
-        if type(node).__name__ == "VectorSelector":
-            out.append((node.name, {m.name: m.value for m in node.matchers.matchers}))
-        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, (str, int, float)):
-                walk(child)
-        for child in getattr(node, "args", None) or []:
-            walk(child)
-
-    walk(promql_parser.parse(label_values_inner(marked)))
-    return out
+    return [(n.name, {m.name: m.value for m in n.matchers.matchers})
+            for n in vector_selectors(promql_parser.parse(label_values_inner(marked)))]
 
 
 # the daemon's own families carry no target label (INTERFACE.md)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO
+from promql import nodes, vector_selectors
 
 ROOT = REPO
 SHARED = ROOT.parent / "shared"
@@ -98,21 +99,11 @@ def test_every_vllm_metric_the_rules_read_is_a_real_vllm_name():
         pytest.skip(f"reference catalogue {ref} not present")
     promql_parser = pytest.importorskip("promql_parser")
     names: set[str] = set()
-
-    def walk(node):
-        for attr in ("name",):
-            v = getattr(node, attr, None)
+    for r in _rules():
+        for node in nodes(promql_parser.parse(r["expr"])):
+            v = getattr(node, "name", None)
             if isinstance(v, str) and v.startswith("vllm:"):
                 names.add(v)
-        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, (str, int, float)):
-                walk(child)
-        for child in getattr(node, "args", None) or []:
-            walk(child)
-
-    for r in _rules():
-        walk(promql_parser.parse(r["expr"]))
     assert len(names) >= 15
     catalogue = ref.read_text()
     for n in sorted(names):
@@ -266,19 +257,7 @@ def test_runbook_queries_parse_and_read_existing_metrics():
             except Exception as exc:  # noqa: BLE001
                 pytest.fail(f"runbook query does not parse: {line}: {exc}")
             n += 1
-            names: set[str] = set()
-
-            def walk(node):
-                if type(node).__name__ == "VectorSelector" and node.name:
-                    names.add(node.name)
-                for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
-                    child = getattr(node, attr, None)
-                    if child is not None and not isinstance(child, (str, int, float)):
-                        walk(child)
-                for child in getattr(node, "args", None) or []:
-                    walk(child)
-
-            walk(tree)
+            names = {n.name for n in vector_selectors(tree) if n.name}
             for m in names:
                 if m in records or m in {"up", "process_cpu_seconds_total"}:
                     continue
