@@ -31,17 +31,17 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from exporter.config import Config, TargetSpec, build_config
 from exporter.drift.state import StateStore
 from exporter.discovery import Discovery, build_discovery
-from exporter.errors import InputError, ParseError
+from exporter.errors import InputError, ParseError, ScrapeError
 from exporter.export.collector import Exposition, FleetView, TargetView
 from exporter.export.server import HTTPServer, Published
 from exporter.parse import parse_vllm
+from exporter.parse.metadata import Metadata
 from exporter.parse.snapshot import Snapshot
 from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.query.client import QueryError
 from exporter.query.reader import PrometheusReader
 from exporter.report import ModelReport
-from exporter.parse.metadata import Metadata
-from exporter.scrape import Scraper, ScrapeError
+from exporter.scrape import Scraper
 from exporter.telemetry.collector import GpuCollector
 from exporter.telemetry.dcgm import DCGMSource, TargetGpus
 

@@ -16,21 +16,13 @@ from dataclasses import dataclass
 import httpx
 
 from exporter import __version__
+from exporter.errors import REASONS, ScrapeError
 from exporter.parse.metadata import Metadata, read_metadata
-
-# The fixed set of scrape failure reasons (bounded label cardinality).
-REASONS = ("connect", "timeout", "http_status", "body_too_large", "decode", "read", "parse",
-           "not_vllm", "router")
 
 USER_AGENT = f"vllm-drift/{__version__}"
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
-
-class ScrapeError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        assert reason in REASONS, reason
-        super().__init__(message)
-        self.reason = reason
+__all__ = ["ACCEPT", "REASONS", "Fetched", "ScrapeError", "Scraper", "USER_AGENT"]
 
 
 @dataclass(frozen=True, slots=True)

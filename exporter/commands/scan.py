@@ -10,12 +10,12 @@ import time
 from typing import Any
 
 from exporter.config import Config, TargetSpec, check_url
-from exporter.errors import InputError, ParseError
+from exporter.errors import InputError, ParseError, ScrapeError
 from exporter.parse import parse_vllm
+from exporter.parse.metadata import Metadata
 from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.report import ModelReport
-from exporter.parse.metadata import Metadata
-from exporter.scrape import Scraper, ScrapeError
+from exporter.scrape import Scraper
 
 
 def register(sub: argparse._SubParsersAction) -> None:
