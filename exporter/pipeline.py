@@ -20,18 +20,19 @@ state a target learns over time (calibration, say) belongs next to the window on
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import structlog
 
 from exporter.config import Config, TargetSpec
 from exporter.drift.engine import DriftEngine, Judgement
+from exporter.drift.inputs import DriftInput, Prediction
 from exporter.drift.observe import build_input
 from exporter.drift.predict import Identity, identify, predict_for
 from exporter.parse.snapshot import Snapshot
 from exporter.report import ModelReport
 from exporter.parse.metadata import Metadata
-from exporter.window import Window, observed_signals, window_from_dict, window_to_dict
+from exporter.window import Observed, Window, observed_signals, window_from_dict, window_to_dict
 
 log = structlog.get_logger("vllm_drift")
 
@@ -44,7 +45,7 @@ class Pipelines:
         self.cfg = cfg
         self.engine = DriftEngine(cfg, one_shot=one_shot, raise_after=raise_after, clear_after=clear_after)
         self.restored_windows: dict[tuple[str, str], dict[str, Any]] = {}
-        self.on_state_error = None      # callable(operation, message), e.g. StateStore.error
+        self.on_state_error: Callable[[str, str], None] | None = None   # (operation, message)
 
     def reconfigure(self, cfg: Config) -> None:
         """A reloaded config: the stable findings carry over."""
@@ -72,7 +73,8 @@ class Pipelines:
             del self.restored_windows[key]
 
     # ------------------------------------------------------------------ state
-    def to_state(self, pipelines: Iterable["TargetPipeline"], *, keep_restored: Any = None) -> dict[str, Any]:
+    def to_state(self, pipelines: Iterable["TargetPipeline"], *,
+                 keep_restored: Callable[[str], bool] | None = None) -> dict[str, Any]:
         """The state file's document. `keep_restored(url) -> bool`: which windows restored at
         start-up and not yet claimed by a first good scrape to carry over."""
         windows = {f"{p.spec.url}|{p.model_name}": window_to_dict(p.window) for p in pipelines}
@@ -100,7 +102,7 @@ class TargetPipeline:
         self.model_name = model_name
         self.window = window
         self.latest: Snapshot | None = None
-        self.identity_key: tuple[Any, ...] | None = None
+        self.identity_key: tuple[TargetSpec, str | None] | None = None
         self.identity_value: Identity | None = None
 
     def observe(self, snap: Snapshot) -> None:
@@ -136,10 +138,7 @@ class TargetPipeline:
         ident = self.identity(metadata)
         x = build_input(ident, summary, latest, metadata, observed, spec.slo or fleet.cfg.slo,
                         fleet.cfg.evaluation.window, self.window)
-        per_pos = summary.spec_decode_acceptance_per_pos
-        pred = predict_for(ident, x, vllm_version=version, prices=fleet.cfg.prices,
-                           spec_per_position=tuple(round(min(1.0, max(0.0, p)), 2) for p in per_pos)
-                           if per_pos else None)
+        pred = self.predict(ident, x, summary, version)
         x = replace(x, prediction=pred)
         notes.extend(pred.notes)
         j: Judgement = fleet.engine.judge(x, now, tuple(notes))
@@ -152,11 +151,19 @@ class TargetPipeline:
             predicted_tpot_seconds=pred.tpot_s, observed_kv_cache_tokens_ratio=j.observed_kv_cache_tokens_ratio,
             notes=j.notes, evaluated_at=now, events=j.events, derived=j.derived)
 
+    def predict(self, ident: Identity, x: DriftInput, summary: Observed, version: str | None) -> Prediction:
+        """The model's view of this target at the observed load (the seam for per-target
+        calibration: state learned here belongs on this object and in `Pipelines.to_state`)."""
+        per_pos = summary.spec_decode_acceptance_per_pos
+        return predict_for(ident, x, vllm_version=version, prices=self.fleet.cfg.prices,
+                           spec_per_position=tuple(round(min(1.0, max(0.0, p)), 2) for p in per_pos)
+                           if per_pos else None)
+
 
 def evaluate_snapshots(fleet: Pipelines, spec: TargetSpec, batches: Iterable[list[Snapshot]],
                        metadata: Metadata | None, now: float, *, window_s: float | None = None) -> list[ModelReport]:
-    """Observe parsed scrapes in order on fresh pipelines and evaluate every served model once
-    (`scan`, tests): the one-shot form of what the daemon does across cycles."""
+    """Observe parsed scrapes in order on fresh pipelines and evaluate every served model once:
+    the one-shot form of what the daemon does across cycles."""
     pipes: dict[str, TargetPipeline] = {}
     for snaps in batches:
         for snap in snaps:
