@@ -299,6 +299,8 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None:
         from exporter.reports.html import require_plotly
         require_plotly()   # fail before the work, with the one-line hint
+        if not args.html.parent.is_dir():
+            raise InputError(f"--html {args.html}: directory {args.html.parent} does not exist")
     setup, cap, notes = fit_setup(args)
     doc: dict[str, Any] = {"profile": profile_section(inp), "objective": inp.objective}
     doc.update(kv_sections(setup, cap))

@@ -23,8 +23,9 @@ def memory_figure(doc: dict[str, Any]) -> Any:
     for name, v in parts:
         fig.add_trace(go.Bar(name=name, x=[v], y=["GPU memory"], orientation="h",
                              hovertemplate=f"{name}: %{{x:.2f}} GiB<extra></extra>"))
-    fig.update_layout(barmode="stack", height=260, title=f"Memory per GPU ({total:.1f} GiB)",
-                      xaxis_title="GiB", margin=dict(l=40, r=20, t=50, b=40), legend_orientation="h")
+    fig.update_layout(barmode="stack", height=280, title=f"Memory per GPU ({total:.1f} GiB)",
+                      xaxis_title="GiB", margin=dict(l=40, r=20, t=50, b=40), legend_traceorder="normal",
+                      legend=dict(orientation="h", y=-0.45))
     return fig
 
 
@@ -48,13 +49,14 @@ def curve_figure(curve: list[dict[str, Any]], slo_tpot: float | None, slo_ttft: 
         fig.add_trace(go.Scatter(x=[r["concurrency"]], y=[_ms(r["tpot_p99_s"])], mode="markers",
                                  marker=dict(size=14, symbol="star", color="crimson"), showlegend=False),
                       row=1, col=2)
-    for v, name in ((slo_tpot, "TPOT SLO"), (slo_ttft, "TTFT SLO")):
-        if v is not None:
-            fig.add_hline(y=v * 1000, line_dash="dash", annotation_text=name, row=1, col=2)
+    for v, name in ((slo_tpot, "TPOT p99 SLO"), (slo_ttft, "TTFT p99 SLO")):
+        if v is not None:   # a trace, not a shape: shapes on log axes take log10 coordinates
+            fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[v * 1000] * 2, mode="lines", name=f"{name} (ms)",
+                                     line=dict(dash="dash", color="gray")), row=1, col=2)
     fig.update_xaxes(type="log", title_text="concurrent requests (closed loop)")
     fig.update_yaxes(title_text="tokens/s", row=1, col=1)
     fig.update_yaxes(type="log", title_text="ms", row=1, col=2)
-    fig.update_layout(height=420, margin=dict(l=50, r=20, t=60, b=50), legend_orientation="h")
+    fig.update_layout(height=460, margin=dict(l=50, r=20, t=60, b=50), legend=dict(orientation="h", y=-0.28))
     return fig
 
 
@@ -74,7 +76,7 @@ def sweep_figure(sw: dict[str, Any]) -> Any:
                       margin=dict(l=50, r=50, t=60, b=40), legend_orientation="h")
     fig.update_xaxes(title_text=sw["param"], type="category")
     fig.update_yaxes(title_text="tokens/s", secondary_y=False)
-    fig.update_yaxes(title_text="ms", type="log", secondary_y=True)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", secondary_y=True)
     return fig
 
 
@@ -114,7 +116,7 @@ def render_calc_report(doc: dict[str, Any], *, curve: list[dict[str, Any]], swee
                                                  f"({tr['prompt_tokens']['p99_source']})"],
                     ["output tokens mean / p99", f"{tr['output_tokens']['mean']:g} / {tr['output_tokens']['p99']:g} "
                                                  f"({tr['output_tokens']['p99_source']})"]]
-    sections.append(section("Summary", table(["", ""], summary)))
+    sections.append(section("Summary", table(None, summary)))
     sections.append(section("Recommended flags", table(["flag", "value", "binding constraint"],
                                                        [[k, v, rec["binding"].get(k, "")] for k, v in rec.items()
                                                         if k != "binding"]),
