@@ -11,6 +11,10 @@ def _ms(v: Any) -> Any:
     return None if v is None else round(v * 1000, 2)
 
 
+def _fmt_ms(v: Any) -> str:
+    return "—" if v is None else f"{v * 1000:,.1f} ms"
+
+
 def memory_figure(doc: dict[str, Any]) -> Any:
     go = require_plotly()
     m = doc["memory"]
@@ -121,8 +125,9 @@ def render_calc_report(doc: dict[str, Any], *, curve: list[dict[str, Any]], swee
                                                        [[k, v, rec["binding"].get(k, "")] for k, v in rec.items()
                                                         if k != "binding"]),
                             note=f"Predicted at the {p['operating_point']}: {p['output_tokens_per_s'] or 0:,.0f} "
-                                 f"output tokens/s, TTFT p99 {_ms(p['ttft_p99_s'])} ms, TPOT p99 "
-                                 f"{_ms(p.get('tpot_p99_s'))} ms, meets SLO: {'—' if p['meets_slo'] is None else p['meets_slo']}."))
+                                 f"output tokens/s, TTFT p99 {_fmt_ms(p['ttft_p99_s'])}, TPOT p99 "
+                                 f"{_fmt_ms(p.get('tpot_p99_s'))}, meets SLO: "
+                                 f"{'—' if p['meets_slo'] is None else ('yes' if p['meets_slo'] else 'no')}."))
     kv = doc["kv_cache"]
     sections.append(section("Memory", plot(memory_figure(doc)),
                             note=f"KV cache: {kv['tokens']:,} tokens, {kv['gpu_blocks']:,} blocks, "

@@ -2,6 +2,7 @@
 codes) at a fixed width, so it reads the same in a log or a README."""
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import Any, Iterable, Sequence
@@ -11,14 +12,32 @@ from rich.console import Console
 from rich.table import Table
 
 
-TEXT_COLUMNS = {"note", "binding constraint", "title", "arrival", "objective", "gpu", "interconnect",
+TEXT_COLUMNS = {"note", "bound by", "binding constraint", "title", "arrival", "objective", "gpu", "interconnect",
                 "architecture", "source"}
 
 
-def console() -> Console:
-    tty = sys.stdout.isatty()
-    return Console(file=sys.stdout, width=None if tty else 120, no_color=not tty, highlight=False,
-                   soft_wrap=False)
+class _Plain:
+    """Piped output: rich renders into a buffer; lines are written without rich's trailing
+    padding, so logs, diffs and README snippets stay clean."""
+
+    def __init__(self) -> None:
+        self.console = Console(file=io.StringIO(), width=140, no_color=True, highlight=False, markup=False,
+                               soft_wrap=False, force_terminal=False)
+
+    def print(self, *objects: Any) -> None:
+        self.console.print(*objects)
+        buf = self.console.file
+        text = buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+        sys.stdout.write("\n".join(line.rstrip() for line in text.split("\n")))
+
+
+def console() -> Any:
+    """A rich console on a terminal; a trailing-space-free plain writer when piped."""
+    if sys.stdout.isatty():
+        return Console(file=sys.stdout, highlight=False, markup=False)   # catalog text has [brackets]
+    return _Plain()
 
 
 def fmt(v: Any) -> str:
@@ -51,11 +70,12 @@ def kv_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
 
 def grid(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]], *,
          mark: Sequence[bool] | None = None, caption: str | None = None) -> Table:
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, caption=caption, caption_justify="left",
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, caption=caption, caption_justify="left", padding=(0, 1),
               min_width=min(len(title) + 1, 120))
     for i, h in enumerate(headers):
         text = i == 0 or h in TEXT_COLUMNS
-        t.add_column(h, justify="left" if text else "right", overflow="fold", no_wrap=i == 0)
+        t.add_column(h, justify="left" if text else "right", overflow="fold", no_wrap=i == 0 or not text,
+                     min_width=12 if text and i else None)
     for i, r in enumerate(rows):
         marked = bool(mark and i < len(mark) and mark[i])
         t.add_row(*[c if isinstance(c, str) else fmt(c) for c in r], style="bold green" if marked else None)
@@ -102,22 +122,30 @@ def print_calc(doc: dict[str, Any]) -> None:
                  [(k, fmt(v), rec["binding"].get(k, "")) for k, v in rec.items() if k != "binding"]))
     sd = doc.get("speculative_decoding")
     if sd:
-        c.print(grid(f"Speculative decoding (k={sd['num_speculative_tokens']}, {sd['method']}) at batch {sd['batch']}: "
-                     f"{sd['verdict']}", ["acceptance", "speed-up", "tokens/step", "helps"],
+        c.print(grid(f"Speculative decoding (k={sd['num_speculative_tokens']}, {sd['method']})",
+                     ["acceptance", "speed-up", "tokens/step", "helps"],
                      [(fmt(r["acceptance"]), f"x{r['speedup']:.2f}", r["tokens_per_step"], r["helps"])
-                      for r in sd["by_acceptance"]], caption=sd["assumption"]))
+                      for r in sd["by_acceptance"]]))
+        c.print(f"  verdict: {sd['verdict']}\n  basis: {sd['assumption']}\n")
     if doc.get("sweep"):
         print_sweep(c, doc["sweep"])
     tiers = doc.get("tiers") or []
     if tiers:
         c.print(grid("GPU tiers (by $/million output tokens)", ["gpu", "tp", "replicas", "$/hour", "$/Mtok",
-                                                                 "meets SLO", "batch", "note"],
+                                                                 "meets SLO", "batch", "bound by", "req/s"],
                      [(t["gpu"] + (" (current)" if t.get("current") else ""), t["tp"], t["replicas"],
                        t["dollars_per_hour"], t["dollars_per_million_tokens"], t["meets_slo"],
-                       t["max_num_seqs"], t["why"]) for t in tiers],
+                       t["max_num_seqs"], _short_why(t), t["replica_rate_rps"]) for t in tiers],
                      mark=[bool(t.get("current")) for t in tiers]))
     for n in doc.get("notes") or []:
         c.print(f"note: {n}")
+    if not doc.get("notes"):
+        c.print("")
+
+
+def _short_why(t: dict[str, Any]) -> str:
+    why = str(t.get("why") or "").split("; ")[0]
+    return why.replace(f"batch {t.get('max_num_seqs')} bound by ", "")
 
 
 def print_sweep(c: Console, sw: dict[str, Any]) -> None:

@@ -149,6 +149,7 @@ def test_human_output_has_tables_for_profile_sweep_and_tiers(capsys):
                  "GPU tiers", "(current)"):
         assert text in out
     assert "\x1b[" not in out   # piped: no colour codes
+    assert "[assumption]" in out  # source text is printed as written, not read as rich markup
 
 
 def test_list_profiles(capsys):
