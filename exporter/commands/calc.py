@@ -22,7 +22,7 @@ from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_l
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
 from exporter.model.setup import Setup
-from exporter.model.traffic import SLO
+from exporter.model.traffic import SLO, lengths_from_file
 from exporter.model import tradeoff
 
 EXAMPLES = """examples:
@@ -63,6 +63,8 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("traffic", ("--prompt-tokens-p99",), dict(type=int, metavar="N", help="p99 prompt length (default: mean x 3.37, "
                                                 "a lognormal tail margin, stated in the output)")),
     ("traffic", ("--output-tokens-p99",), dict(type=int, metavar="N", help="p99 output length (default: mean x 3.37)")),
+    ("traffic", ("--lengths-from",), dict(metavar="FILE", help="per-request lengths (CSV or JSON Lines with "
+                                          "prompt_tokens, output_tokens): their means and p99s")),
     ("traffic", ("--rate",), dict(type=float, metavar="RPS", help="open-loop arrival rate, requests per second")),
     ("traffic", ("--concurrency",), dict(type=int, metavar="N", help="closed-loop concurrency (clients)")),
     ("traffic", ("--prefix-hit-ratio",), dict(type=float, metavar="F", help="share of prompt tokens hit in the prefix cache")),
@@ -107,6 +109,7 @@ class Inputs:
     objective: str
     profile: Profile | None
     overridden: list[str]
+    lengths_from: dict[str, Any] | None = None
 
 
 _PROFILE_FIELDS = (("prompt_tokens", "prompt_tokens_mean"), ("output_tokens", "output_tokens_mean"),
@@ -116,21 +119,27 @@ _PROFILE_FIELDS = (("prompt_tokens", "prompt_tokens_mean"), ("output_tokens", "o
 
 
 def resolve_inputs(args: argparse.Namespace) -> Inputs:
+    """Each value from, in order: its flag, --lengths-from, the profile, the built-in default."""
     prof = get_profile(args.profile) if args.profile else None
+    measured = lengths_from_file(args.lengths_from) if args.lengths_from else {}
     values: dict[str, Any] = {}
     overridden = []
     for flag, attr in _PROFILE_FIELDS:
         given = getattr(args, flag)
+        if given is None:
+            given = measured.get(flag)
         if given is not None:
             values[flag] = given
             if prof is not None and getattr(prof, attr) != given:
-                overridden.append("--" + flag.replace("_", "-"))
+                overridden.append("--" + flag.replace("_", "-") if flag not in measured else "--lengths-from")
         else:
             values[flag] = getattr(prof, attr) if prof is not None else None
     values["prompt_tokens"] = values["prompt_tokens"] or DEFAULT_PROMPT_TOKENS
     values["output_tokens"] = values["output_tokens"] or DEFAULT_OUTPUT_TOKENS
     values["prefix_hit_ratio"] = values["prefix_hit_ratio"] or 0.0
-    inp = Inputs(**values, objective=prof.objective if prof else "cost", profile=prof, overridden=overridden)
+    inp = Inputs(**values, objective=prof.objective if prof else "cost", profile=prof,
+                 overridden=list(dict.fromkeys(overridden)),
+                 lengths_from={"file": str(args.lengths_from), "requests": measured["requests"]} if measured else None)
     _validate(args, inp)
     return inp
 
@@ -306,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
     doc.update(kv_sections(setup, cap))
     doc.update(performance_sections(setup, args, inp))
     doc["notes"] = notes + doc.get("notes", [])
+    if inp.lengths_from:
+        doc["traffic"]["lengths_from"] = inp.lengths_from
     if args.sweep:
         doc["sweep"] = sweep_section(setup, args, inp, doc, args.sweep)
     for note in doc["notes"]:

@@ -146,8 +146,12 @@ def break_even_batch(setup: Any, spec: SpecConfig, context_tokens: float, limit:
 
 ACCEPTANCE_RANGE = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DEFAULT_SPEC_TOKENS = 3    # vLLM's EAGLE examples use num_speculative_tokens 3 [vLLM docs, spec decode]
+# The single point a yes/no needs when the acceptance is unknown: 0.6 per token, a middling figure
+# for chat traffic [assumed]. The same as the daemon's "missed speed-up" (drift/predict.ASSUMED_SPEC).
+ASSUMED_ACCEPTANCE = 0.6
+ASSUMED_SPEC = {"num_tokens": DEFAULT_SPEC_TOKENS, "alpha": ASSUMED_ACCEPTANCE, "method": "eagle"}
 ASSUMPTION = ("acceptance unknown: verdict across per-token acceptance 0.3-0.9 "
-              "(i.i.d. Leviathan model), EAGLE-style drafter")
+              f"(i.i.d. Leviathan model), EAGLE-style drafter; yes/no at the assumed {ASSUMED_ACCEPTANCE}")
 
 
 def break_even_acceptance(setup: Any, batch: int, context_tokens: float, *,
@@ -176,7 +180,7 @@ def spec_verdict(setup: Any, batch: int, context_tokens: float, *, acceptance: f
     With a measured `acceptance` the verdict is for that rate; without, for each rate in
     ACCEPTANCE_RANGE, plus the break-even acceptance at this batch, and `assumption` says so.
     `recommended` is true only for a clear win (speed-up >= min_gain) at the given rate, or,
-    without one, across the whole range's upper half (alpha >= 0.6)."""
+    without one, at ASSUMED_ACCEPTANCE (the point the daemon assumes too)."""
     k = max(int(num_tokens), 1)
     b = max(int(batch), 1)
     rates = (acceptance,) if acceptance is not None else ACCEPTANCE_RANGE
@@ -190,7 +194,8 @@ def spec_verdict(setup: Any, batch: int, context_tokens: float, *, acceptance: f
         recommended = rows[0]["helps"]
         basis = f"measured/given acceptance {acceptance:g}"
     else:
-        recommended = all(r["helps"] for r in rows if r["acceptance"] >= 0.6)
+        at = gain(setup, SpecConfig(num_tokens=k, alpha=ASSUMED_ACCEPTANCE, method=method), b, context_tokens)
+        recommended = at.speedup >= min_gain
         basis = ASSUMPTION
     if be is None:
         text = f"loses at batch {b} at any acceptance (verify step is compute-bound)"

@@ -99,3 +99,55 @@ class SLO:
         for name, v in (("ttft", self.ttft_p99_s), ("tpot", self.tpot_p99_s)):
             if v is not None and not v > 0:
                 raise InputError(f"slo: {name} target must be > 0 seconds (got {v})")
+
+
+def lengths_from_file(path: str) -> dict[str, float]:
+    """Mean and p99 prompt/output lengths from a file of requests: CSV with `prompt_tokens` and
+    `output_tokens` columns (a benchmark's per-request log, a trace export), or JSON Lines with
+    those keys. Errors name the file and line."""
+    import csv
+    import json
+    import statistics
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--lengths-from {path}: cannot read ({exc.strerror})") from None
+    prompts: list[float] = []
+    outputs: list[float] = []
+    lines = text.splitlines()
+    if lines and lines[0].lstrip().startswith("{"):
+        rows = []
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    rows.append((n, json.loads(line)))
+                except ValueError:
+                    raise InputError(f"--lengths-from {path}:{n}: not a JSON object") from None
+    else:
+        reader = csv.DictReader(lines)
+        missing = {"prompt_tokens", "output_tokens"} - set(reader.fieldnames or [])
+        if missing:
+            raise InputError(f"--lengths-from {path}: no column {', '.join(sorted(missing))} "
+                             "(need prompt_tokens and output_tokens)")
+        rows = list(enumerate(reader, 2))
+    for n, row in rows:
+        try:
+            pr, out = float(row["prompt_tokens"]), float(row["output_tokens"])
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"--lengths-from {path}:{n}: prompt_tokens/output_tokens missing or not numbers") from None
+        if not (pr >= 1 and out >= 1):
+            raise InputError(f"--lengths-from {path}:{n}: token counts must be >= 1")
+        prompts.append(pr)
+        outputs.append(out)
+    if len(prompts) < 2:
+        raise InputError(f"--lengths-from {path}: need at least 2 requests (got {len(prompts)})")
+
+    def p99(xs: list[float]) -> float:
+        return float(statistics.quantiles(xs, n=100, method="inclusive")[98])
+
+    return {"prompt_tokens": statistics.fmean(prompts), "prompt_tokens_p99": p99(prompts),
+            "output_tokens": statistics.fmean(outputs), "output_tokens_p99": p99(outputs),
+            "requests": len(prompts)}

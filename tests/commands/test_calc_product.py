@@ -184,3 +184,33 @@ def test_bare_command_prints_the_command_list():
     assert r.returncode == 0
     for name in ("serve", "scan", "calc", "catalog"):
         assert f"    {name}" in r.stdout
+
+
+def test_lengths_from_a_request_log(capsys, tmp_path):
+    import random
+    import statistics
+    rng = random.Random(7)
+    rows = [(int(rng.lognormvariate(6.5, 0.7)) + 1, int(rng.lognormvariate(5.0, 0.6)) + 1) for _ in range(400)]
+    csv_file = tmp_path / "requests.csv"
+    csv_file.write_text("prompt_tokens,output_tokens\n" + "".join(f"{p},{o}\n" for p, o in rows))
+    jsonl = tmp_path / "requests.jsonl"
+    jsonl.write_text("".join(json.dumps({"prompt_tokens": p, "output_tokens": o}) + "\n" for p, o in rows))
+    for path in (csv_file, jsonl):
+        doc = calc_json(capsys, "--lengths-from", str(path))
+        tr = doc["traffic"]
+        assert tr["prompt_tokens"]["mean"] == pytest.approx(statistics.fmean(p for p, _ in rows))
+        p99 = sorted(p for p, _ in rows)[int(0.99 * 399)]
+        assert tr["prompt_tokens"]["p99"] == pytest.approx(p99, rel=0.05)
+        assert tr["lengths_from"]["requests"] == 400 and doc["notes"] == []
+        assert doc["recommendation"]["max_model_len"] >= tr["prompt_tokens"]["p99"] + tr["output_tokens"]["p99"]
+    # a flag still wins over the file
+    doc = calc_json(capsys, "--lengths-from", str(csv_file), "--output-tokens", "50", "--output-tokens-p99", "60")
+    assert doc["traffic"]["output_tokens"]["mean"] == 50
+
+
+def test_bad_lengths_file_names_the_line(tmp_path):
+    bad = tmp_path / "r.csv"
+    bad.write_text("prompt_tokens,output_tokens\n100,20\nabc,5\n")
+    r = subprocess.run([sys.executable, "-m", "exporter", *BASE, "--lengths-from", str(bad)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().endswith(f"{bad}:3: prompt_tokens/output_tokens missing or not numbers")

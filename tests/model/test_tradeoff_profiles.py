@@ -101,3 +101,14 @@ def test_current_tier_is_kept_even_outside_the_gpu_list():
     assert all(x.meets_slo is None for x in tiers)
     costs = [x.dollars_per_million_tokens for x in tiers]
     assert costs == sorted(costs)
+
+
+def test_unknown_acceptance_uses_the_daemons_assumption(setup):
+    """calc's yes/no and the daemon's "missed speed-up" read the same assumed acceptance."""
+    from exporter.drift import predict as drift_predict
+    from exporter.model.spec_decode import ASSUMED_SPEC
+    assert drift_predict.ASSUMED_SPEC == ASSUMED_SPEC
+    for batch in (1, 64, 512):
+        v = spec_verdict(setup, batch, 1152)
+        at = gain(setup, SpecConfig(**ASSUMED_SPEC), batch, 1152).speedup
+        assert v["recommended"] == (at >= 1.05)
