@@ -25,6 +25,17 @@ from exporter.model.setup import Setup
 from exporter.model.traffic import SLO, lengths_from_file
 from exporter.model import tradeoff
 
+DESCRIPTION = """\
+Predict what vLLM will do with a model on a GPU before deploying it: the KV cache it logs at
+startup, memory split, latency and throughput, the engine flags to use (each with the constraint
+that sets it), whether speculative decoding pays, and the cheapest GPU tiers.
+
+Traffic: --prompt-tokens/--output-tokens are MEANS; give the tail with --prompt-tokens-p99/
+--output-tokens-p99 or --lengths-from a request log, else a documented margin (p99 = 3.37 x mean)
+is used and said. --profile fills traffic, SLOs and objective from a workload preset; any flag
+overrides it. --sweep prints one parameter's trade-off table; --html writes a report with plots.
+"""
+
 EXAMPLES = """examples:
   vllm-drift calc --model meta-llama/Llama-3.1-8B-Instruct --gpu H100-SXM-80GB --profile chatbot
   vllm-drift calc --model Qwen/Qwen2.5-7B-Instruct --gpu L40S --sweep max_num_seqs --json
@@ -84,7 +95,7 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "calc", help="predict KV capacity, latency and the best configuration for a model/GPU",
-        description=__doc__.split("\n\n")[0].splitlines()[0] + "\n\n" + __doc__.split("\n\n", 1)[1],
+        description=DESCRIPTION,
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     groups: dict[str, Any] = {}
     for group, flags, kw in ARGUMENTS:

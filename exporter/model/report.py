@@ -56,6 +56,9 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
     rec = recommend(setup, traffic, slo, spec)
     tuned = setup.with_(max_num_seqs=rec.max_num_seqs, gpu_memory_utilization=rec.gpu_memory_utilization,
                         max_model_len=rec.max_model_len, max_num_batched_tokens=rec.max_num_batched_tokens)
+    fit = _fit_note(tuned)
+    if fit:
+        notes.append(fit)
     if concurrency is not None or rate is not None:
         at, pred = setup, predict(setup, traffic, concurrency=concurrency, rate=rate, spec=spec)
         point = "given load"
@@ -92,6 +95,23 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
         doc["tiers"] = []
     doc["notes"] = notes
     return doc
+
+
+def _fit_note(tuned: Any) -> str | None:
+    """vLLM refuses to start when one max_model_len request does not fit the KV cache; the
+    recommendation keeps the length the traffic needs and says what it takes to serve it."""
+    from exporter.errors import InputError
+    from exporter.model.kv_cache import kv_capacity, largest_max_model_len
+    try:
+        cap = kv_capacity(tuned, check_fits=False)
+    except InputError as exc:
+        return str(exc)
+    if cap.blocks_per_request <= cap.gpu_blocks:
+        return None
+    largest = largest_max_model_len(tuned, cap.gpu_blocks)
+    return (f"the p99 request needs max_model_len {tuned.max_model_len} but this setup's KV cache holds "
+            f"at most {max(largest, 0)} tokens per request, so vLLM would not start with it: use more "
+            "GPUs (--tp), a bigger GPU, --kv-cache-dtype fp8 or quantized weights (see the tiers)")
 
 
 def _traffic_doc(t: Traffic) -> dict[str, Any]:

@@ -214,3 +214,12 @@ def test_bad_lengths_file_names_the_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "exporter", *BASE, "--lengths-from", str(bad)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().endswith(f"{bad}:3: prompt_tokens/output_tokens missing or not numbers")
+
+
+def test_a_recommended_length_that_does_not_fit_is_said(capsys):
+    assert main(["calc", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--profile", "long-document",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["recommendation"]["max_model_len"] >= 126976 + 2048   # never truncates the stated traffic
+    assert any("vLLM would not start" in n for n in doc["notes"])
+    assert not any(t["current"] and t["meets_slo"] for t in doc["tiers"])

@@ -50,3 +50,16 @@ def test_help_has_examples(command):
     assert r.returncode == 0
     examples = [line for line in r.stdout.splitlines() if line.strip().startswith("vllm-drift ")]
     assert len(examples) >= 2
+
+
+@pytest.mark.parametrize("module", ["calc", "catalog"])
+def test_help_examples_work(module, tmp_path, monkeypatch, capsys):
+    import importlib
+    import shlex
+    monkeypatch.chdir(tmp_path)   # --html examples write into the test's folder
+    examples = importlib.import_module(f"exporter.commands.{module}").EXAMPLES
+    for line in examples.splitlines():
+        line = line.strip()
+        if line.startswith("vllm-drift "):
+            assert main(shlex.split(line)[1:]) == 0, line
+            capsys.readouterr()
