@@ -81,7 +81,7 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
     recommendation = rec.as_dict()
     if spec is None:
         recommendation["speculative_decoding"] = verdict["recommended"]
-        recommendation["binding"]["speculative_decoding"] = f"{verdict['verdict']} ({verdict['assumption']})"
+        recommendation["binding"]["speculative_decoding"] = verdict["verdict"]
     doc: dict[str, Any] = {"traffic": _traffic_doc(traffic), "predicted": predicted,
                            "recommendation": recommendation, "speculative_decoding": verdict}
     if tiers:

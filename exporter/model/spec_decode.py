@@ -150,8 +150,8 @@ DEFAULT_SPEC_TOKENS = 3    # vLLM's EAGLE examples use num_speculative_tokens 3 
 # for chat traffic [assumed]. The same as the daemon's "missed speed-up" (drift/predict.ASSUMED_SPEC).
 ASSUMED_ACCEPTANCE = 0.6
 ASSUMED_SPEC = {"num_tokens": DEFAULT_SPEC_TOKENS, "alpha": ASSUMED_ACCEPTANCE, "method": "eagle"}
-ASSUMPTION = ("acceptance unknown: verdict across per-token acceptance 0.3-0.9 "
-              f"(i.i.d. Leviathan model), EAGLE-style drafter; yes/no at the assumed {ASSUMED_ACCEPTANCE}")
+ASSUMPTION = (f"acceptance unknown: shown for 0.3-0.9 (i.i.d. per-token model), "
+              f"yes/no at the assumed {ASSUMED_ACCEPTANCE}")
 
 
 def break_even_acceptance(setup: Any, batch: int, context_tokens: float, *,
@@ -193,17 +193,19 @@ def spec_verdict(setup: Any, batch: int, context_tokens: float, *, acceptance: f
     if acceptance is not None:
         recommended = rows[0]["helps"]
         basis = f"measured/given acceptance {acceptance:g}"
+        at_point = rows[0]["speedup"]
     else:
-        at = gain(setup, SpecConfig(num_tokens=k, alpha=ASSUMED_ACCEPTANCE, method=method), b, context_tokens)
-        recommended = at.speedup >= min_gain
+        at_point = gain(setup, SpecConfig(num_tokens=k, alpha=ASSUMED_ACCEPTANCE, method=method), b,
+                        context_tokens).speedup
+        recommended = at_point >= min_gain
         basis = ASSUMPTION
+    point = acceptance if acceptance is not None else ASSUMED_ACCEPTANCE
+    word = "a clear win" if recommended else ("a small gain" if at_point > 1.0 else "a loss")
     if be is None:
-        text = f"loses at batch {b} at any acceptance (verify step is compute-bound)"
-    elif acceptance is not None:
-        text = (f"x{rows[0]['speedup']:.2f} at acceptance {acceptance:g}, batch {b}; "
-                f"break-even acceptance {be:.2f}")
+        text = f"loses at batch {b} at any acceptance (the verify step is compute-bound)"
     else:
-        text = f"helps at batch {b} when per-token acceptance exceeds {be:.2f}"
+        text = (f"break-even acceptance {be:.2f} at batch {b}; at {'the assumed ' if acceptance is None else ''}"
+                f"{point:g}: x{at_point:.2f}, {word}")
     return {"batch": b, "num_speculative_tokens": k, "method": method, "assumption": basis,
             "by_acceptance": rows, "break_even_acceptance": be, "recommended": recommended,
             "verdict": text}

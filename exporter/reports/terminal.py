@@ -123,7 +123,7 @@ def print_calc(doc: dict[str, Any]) -> None:
     sd = doc.get("speculative_decoding")
     if sd:
         c.print(grid(f"Speculative decoding (k={sd['num_speculative_tokens']}, {sd['method']})",
-                     ["acceptance", "speed-up", "tokens/step", "helps"],
+                     ["acceptance", "speed-up", "tokens/step", "clear win (x1.05)"],
                      [(fmt(r["acceptance"]), f"x{r['speedup']:.2f}", r["tokens_per_step"], r["helps"])
                       for r in sd["by_acceptance"]]))
         c.print(f"  verdict: {sd['verdict']}\n  basis: {sd['assumption']}\n")
