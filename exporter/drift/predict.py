@@ -219,7 +219,8 @@ def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping
         try:
             tiers = _rank(setup.model, _coarse(tr), s, tuple(sorted(prices.items())), setup.quantization,
                           setup.kv_cache_dtype, setup.vllm_version, setup.gpu.name)
-            out["tiers"] = tuple(t for t in tiers if t.meets_slo)
+            # meets_slo None: no SLO given, every tier serves
+            out["tiers"] = tuple(t for t in tiers if t.meets_slo is not False)
         except (InputError, ArithmeticError, ValueError) as exc:
             notes.append(f"calculator tiers: {exc}")
     return out
