@@ -1,9 +1,9 @@
 """`DriftInput`: everything the finding rules read about one (target, model) at one evaluation.
 
 Why a separate plain value: the rules must be pure and testable without a scraper, a window or a
-calculator, and the window and model modules are free to change shape. `exporter.evaluate`
-builds a `DriftInput` from the window summary, the latest snapshot, `/v1/models`, the target's
-hints and the calculator's predictions; the rules see only this. `None` always means "not
+calculator, and the window and model modules are free to change shape. `exporter.drift.observe`
+builds a `DriftInput` from the window summary, the latest snapshot, `/v1/models` and the target's
+`Identity`; the pipeline adds the calculator's `Prediction`; the rules see only this. `None` always means "not
 observed" (a family the server does not expose, a hint nobody gave), never zero.
 """
 from __future__ import annotations
