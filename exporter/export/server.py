@@ -83,7 +83,7 @@ class Authenticator:
 
 
 def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
-    revision = buildinfo.revision()
+    status = status_page.Cached(version=__version__, revision=buildinfo.revision())
 
     class Handler(BaseHTTPRequestHandler):
         server_version = f"vllm-drift/{__version__}"
@@ -135,7 +135,7 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
             elif path == "/api/v1/targets":
                 self._send(200, pub.targets, "application/json")
             elif path == "/":
-                page = status_page.render(pub.findings, pub.targets, version=__version__, revision=revision)
+                page = status.page(pub.findings, pub.targets)
                 self._send(200, page, "text/html; charset=utf-8", {"Content-Security-Policy": PAGE_CSP})
             else:
                 self._send(404, b"Not found\n", "text/plain; charset=utf-8")

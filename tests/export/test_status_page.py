@@ -269,3 +269,12 @@ def test_chromium_renders_every_simulated_target_and_its_findings(tmp_path, cli_
     # the simulated fleet includes misconfigured servers: some finding recommends a value
     assert any("→" in f["change"] for u in urls for f in page.sections[u]["findings"])
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_cached_page_follows_the_published_documents():
+    empty = b'{"targets": []}'
+    cache = status_page.Cached(version="1", revision="r")
+    first = cache.page(empty, empty)
+    assert cache.page(empty, empty) is first                     # same documents: not rendered again
+    one = json.dumps({"targets": [{"target": "http://x:8000", "up": True}]}).encode()
+    assert b"http://x:8000" in cache.page(empty, one)            # a new publish shows at once
