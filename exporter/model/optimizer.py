@@ -240,12 +240,12 @@ def rank_tiers(model: Any, traffic: Traffic, slo: SLO | None = None, *,
     Load: the traffic's arrival rate (or `concurrency_rate`, a rate derived elsewhere from an
     observed concurrency). Without one, each tier is sized for one replica and compared by
     $/million output tokens at its SLO-feasible rate. `prices` ($/GPU-hour) override the catalog."""
-    from exporter.model.gpus import GPUS, resolve_gpu
+    from exporter.model.gpus import GPUS, resolve_gpu, tier_names
     from exporter.model.setup import Setup
 
     slo = slo or SLO()
     prices = {resolve_gpu(k).name: float(v) for k, v in (prices or {}).items()}
-    names = [resolve_gpu(g).name for g in gpus] if gpus is not None else list(GPUS)
+    names = [resolve_gpu(g).name for g in gpus] if gpus is not None else tier_names()
     load = concurrency_rate if concurrency_rate is not None else _load_rps(traffic)
     mml = max_model_len or round_model_len(traffic.prompt_p99 + traffic.output_p99)
     out: list[Tier] = []
