@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity
 from exporter.model.setup import Setup
 
@@ -22,8 +23,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, metavar="ID|PATH",
                    help="catalog id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a local config.json / model dir")
-    p.add_argument("--gpu", required=True, metavar="NAME", help="GPU catalog name or alias (H100, L40S-48GB, ...)")
-    p.add_argument("--gpu-memory-gib", type=float, metavar="F", help="total memory per GPU (overrides the catalog)")
+    p.add_argument("--gpu", metavar="NAME", help="GPU catalog name, alias or the name nvidia-smi/amd-smi prints "
+                   "(H100, L40S-48GB, 'Tesla V100-SXM2-32GB', ...)")
+    p.add_argument("--gpu-memory-gib", type=float, metavar="F", help="total memory per GPU (overrides the catalog; "
+                   "with an unknown or no --gpu, describes the device)")
+    p.add_argument("--gpu-bandwidth-gbs", type=float, metavar="F", help="memory bandwidth per GPU, GB/s (overrides "
+                   "the catalog or describes an unknown device)")
+    p.add_argument("--gpu-tflops", type=float, metavar="F", help="dense FP16/BF16 TFLOPS per GPU (overrides the "
+                   "catalog or describes an unknown device)")
+    p.add_argument("--gpu-file", metavar="FILE", help="YAML rows adding or overriding GPUs (schema of the `gpus:` "
+                   "config section)")
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")
     p.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel size (default 1)")
     p.add_argument("--dtype", default="auto", help="model dtype: auto, bfloat16, float16, float32")
@@ -51,8 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_setup(args: argparse.Namespace) -> Setup:
+    gpu = device_for_cli(args.gpu, gpu_file=args.gpu_file, memory_gib=args.gpu_memory_gib,
+                         bandwidth_gbs=args.gpu_bandwidth_gbs, tflops=args.gpu_tflops)
     return Setup.build(
-        args.model, args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        args.model, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,

@@ -77,7 +77,7 @@ class GPU:
 
     @property
     def bandwidth_gbs(self) -> float:
-        return self.hbm_bandwidth_tbps * 1000.0
+        return round(self.hbm_bandwidth_tbps * 1000.0, 6)
 
     @property
     def large_batch_defaults(self) -> bool:
@@ -113,6 +113,9 @@ class TFlops(BaseModel):
 
 
 _REQUIRED_NEW = ("memory_gib", "bandwidth_gbs", "tflops")
+_BUILTIN_KEYS: set[str] | None = None     # set once the built-in table is loaded
+_SOURCE_KEY = {"memory_gib": "memory", "memory_nominal_gb": "memory", "bandwidth_gbs": "bandwidth",
+               "interconnect_gbs": "interconnect", "price": "price", "tflops": "tflops"}
 
 
 class GpuRow(BaseModel):
@@ -141,6 +144,11 @@ class GpuRow(BaseModel):
     def _compute_path(self) -> "GpuRow":
         if self.tflops is not None and not (self.tflops.fp16 or self.tflops.bf16):
             raise ValueError(f"{self.name}: tflops needs fp16 or bf16 above 0")
+        if _BUILTIN_KEYS is not None and name_key(self.name) not in _BUILTIN_KEYS:
+            missing = [k for k in _REQUIRED_NEW if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"{self.name!r} is no catalog GPU, so this new row needs "
+                                 f"{', '.join(missing)} (or name a catalog GPU to override it)")
         return self
 
 
@@ -301,15 +309,15 @@ class Catalog:
         for i, row in enumerate(rows):
             given = row.model_dump(exclude_none=True, exclude_defaults=True)
             given["name"] = row.name
-            target = by_key.get(name_key(row.name))
+            target = by_key.get(name_key(row.name)) or self._index.get(name_key(row.name))
             if target is not None:
                 merged = {**raw[target], **{k: v for k, v in given.items() if k != "name"}}
                 if "tflops" in given:
                     merged["tflops"] = {**raw[target].get("tflops", {}), **given["tflops"]}
                 if "sources" not in given:
-                    changed = sorted(set(given) - {"name", "aliases"})
+                    changed = {_SOURCE_KEY.get(k, k) for k in given if k not in ("name", "aliases")}
                     merged["sources"] = {**raw[target].get("sources", {}),
-                                         **{k: f"overridden by {origin}" for k in changed}}
+                                         **{k: f"overridden by {origin}" for k in sorted(changed)}}
                 raw[target], origins[target] = merged, origin
             else:
                 missing = [k for k in _REQUIRED_NEW if k not in given]
@@ -317,6 +325,9 @@ class Catalog:
                     raise CatalogError(f"{origin}: gpus[{i}] ({row.name}): a new GPU needs "
                                        f"{', '.join(missing)} (or name a catalog GPU to override it)")
                 given.setdefault("sources", {k: f"given in {origin}" for k in ("memory", "bandwidth", "tflops")})
+                if "interconnect_gbs" not in given:
+                    given.update(interconnect="PCIe Gen4 x16", interconnect_gbs=64.0)
+                    given["sources"] = {**given["sources"], "interconnect": "assumed PCIe Gen4 x16 (none given)"}
                 raw[row.name], origins[row.name] = given, origin
                 by_key[name_key(row.name)] = row.name
         return Catalog(raw, origins, self._families_raw, self._attention_defaults, self._exact)
@@ -391,6 +402,7 @@ class Catalog:
 
 
 BUILTIN = Catalog.from_file()
+_BUILTIN_KEYS = {name_key(a) for g in BUILTIN.gpus.values() for a in (g.name, *g.aliases)}
 _active = BUILTIN
 GPUS: dict[str, GPU] = dict(BUILTIN.gpus)   # the active rows; updated in place by install_gpus
 
