@@ -466,7 +466,8 @@ def generic_gpu(memory_gib: float, bandwidth_gbs: float | None = None, tflops: f
 def device_for_cli(name: str | None, *, gpu_file: str | None = None, memory_gib: float | None = None,
                    bandwidth_gbs: float | None = None, tflops: float | None = None) -> GPU:
     """`calc`'s device: a catalog row (with `--gpu-file` rows layered over the table), its
-    bandwidth/TFLOPS replaced when given, or an unknown device described by the figures given."""
+    bandwidth/TFLOPS replaced when given, or an unknown device described by the figures given
+    (no name and memory; or an unknown name with memory and bandwidth or TFLOPS)."""
     cat = BUILTIN.with_rows(load_gpu_file(gpu_file), origin=str(gpu_file)) if gpu_file else _active
     if not name:
         if memory_gib is None:
@@ -475,7 +476,10 @@ def device_for_cli(name: str | None, *, gpu_file: str | None = None, memory_gib:
     try:
         gpu = cat.resolve(name)
     except CatalogError as exc:
-        if memory_gib is None or str(exc).startswith(("ambiguous", f"{name.strip()!r} is a MIG")):
+        # describing takes memory plus bandwidth or TFLOPS: with memory alone a typo in a known
+        # name would silently become a generic device
+        describing = memory_gib is not None and (bandwidth_gbs is not None or tflops is not None)
+        if not describing or str(exc).startswith(("ambiguous", f"{name.strip()!r} is a MIG")):
             raise
         return generic_gpu(memory_gib, bandwidth_gbs, tflops, name=name.strip(), catalog=cat)
     changes: dict[str, Any] = {}
