@@ -97,6 +97,19 @@ class GPU:
                 return value
         return 0.0
 
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready record (for `catalog gpus --json` and status pages)."""
+        return {"name": self.name, "vendor": self.vendor, "arch": self.arch,
+                "compute_capability": self.compute_capability, "segment": self.segment,
+                "memory_gib": self.memory_gib, "memory_nominal_gb": self.memory_nominal_gb,
+                "bandwidth_gbs": self.bandwidth_gbs,
+                "tflops": {k: v for k, v in (("fp16", self.fp16_tflops), ("bf16", self.bf16_tflops),
+                                             ("fp8", self.fp8_tflops), ("fp4", self.fp4_tflops)) if v},
+                "interconnect": self.interconnect, "interconnect_gbs": self.interconnect_gbps,
+                "dollars_per_hour": self.dollars_per_hour or None, "tier": self.tier,
+                "attention": {k: list(v) for k, v in self.attention.items()}, "aliases": list(self.aliases),
+                "unprofiled": self.unprofiled, "origin": self.origin, "sources": dict(self.sources)}
+
     def attention_backends(self, era: str = "v1") -> tuple[str, ...]:
         """The attention backends vLLM picks on this device, in its priority order."""
         return tuple(self.attention.get(era, ()))

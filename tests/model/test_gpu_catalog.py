@@ -71,6 +71,11 @@ def test_the_data_file_and_the_table_agree():
     rows = yaml.safe_load(DATA_FILE.read_text())["gpus"]
     assert len(rows) == len(BUILTIN.gpus) >= 45
     assert {r["name"] for r in rows} == set(GPUS)
+    for row in rows:        # the JSON record gives back the file's figures
+        rec = GPUS[row["name"]].as_dict()
+        assert (rec["memory_gib"], rec["bandwidth_gbs"], rec["dollars_per_hour"]) == (
+            row["memory_gib"], row["bandwidth_gbs"], row.get("price"))
+        assert {k: v for k, v in rec["tflops"].items() if k != "fp16" or "fp16" in row["tflops"]} == row["tflops"]
 
 
 # nvidia-smi / DCGM modelName / node label / amd-smi / GKE strings -> (row, memory GiB)
