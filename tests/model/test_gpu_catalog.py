@@ -246,3 +246,32 @@ def test_gpu_file_is_a_local_view(tmp_path):
     (tmp_path / "broken.yaml").write_text("gpus: [\n")
     with pytest.raises(CatalogError, match="not valid YAML"):
         load_gpu_file(tmp_path / "broken.yaml")
+
+
+def test_daemon_installs_the_config_rows_and_a_reload_replaces_them(tmp_path):
+    """`serve`'s config: its `gpus:` rows are what the drift predictions resolve GPU hints with;
+    a reload with other rows replaces them, a bad reload keeps them."""
+    import asyncio
+
+    from exporter.config import build_config
+    from exporter.daemon import Daemon
+    from exporter.drift.predict import resolve_hints
+
+    cfg_file = tmp_path / "vd.yaml"
+    row = {"name": "Acme-X1", "memory_gib": 60, "bandwidth_gbs": 1500, "tflops": {"bf16": 300}}
+    cfg_file.write_text(yaml.safe_dump({"targets": [{"url": "http://127.0.0.1:9", "gpu": "Acme-X1"}], "gpus": [row]}))
+    try:
+        daemon = Daemon(build_config(str(cfg_file)), config_path=str(cfg_file))
+        res = resolve_hints(["Qwen/Qwen3-8B"], "acme-x1")
+        assert res.gpu is not None and res.gpu.memory_gib == 60 and "gpu" not in res.missing
+
+        async def reload() -> str:
+            return daemon.reload()
+        cfg_file.write_text(yaml.safe_dump({"gpus": [{**row, "bandwith_gbs": 1}]}))     # bad: kept
+        assert "gpus[0].bandwith_gbs" in asyncio.run(reload()) and find_gpu("Acme-X1") is not None
+        cfg_file.write_text(yaml.safe_dump({"gpus": [{**row, "name": "Acme-X2"}]}))
+        assert asyncio.run(reload()) == "ok"
+        assert find_gpu("Acme-X1") is None and find_gpu("Acme-X2").memory_gib == 60
+        assert "gpu" in resolve_hints(["Qwen/Qwen3-8B"], "Acme-X1").missing
+    finally:
+        install_gpus([])
