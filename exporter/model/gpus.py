@@ -327,6 +327,8 @@ class Catalog:
                 merged = {**raw[target], **{k: v for k, v in given.items() if k != "name"}}
                 if "tflops" in given:
                     merged["tflops"] = {**raw[target].get("tflops", {}), **given["tflops"]}
+                if "aliases" in given:      # added to the row's names, not replacing them
+                    merged["aliases"] = list(dict.fromkeys([*raw[target].get("aliases", []), *given["aliases"]]))
                 if "sources" not in given:
                     changed = {_SOURCE_KEY.get(k, k) for k in given if k not in ("name", "aliases")}
                     merged["sources"] = {**raw[target].get("sources", {}),

@@ -203,7 +203,8 @@ def test_gpus_section_through_the_config_loader_adds_and_overrides(tmp_path):
     cfg_file.write_text(yaml.safe_dump({"gpus": [
         {"name": "Acme-X1", "memory_gib": 60, "bandwidth_gbs": 1500, "tflops": {"bf16": 300},
          "aliases": ["ACME X1 Accelerator"], "price": 1.1},
-        {"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.5, "price": 2.25},   # override by a tool name
+        {"name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.5, "price": 2.25,   # override by a tool name
+         "aliases": ["our-h100"]},
     ]}))
     cfg = load_config(cfg_file)
     try:
@@ -213,7 +214,7 @@ def test_gpus_section_through_the_config_loader_adds_and_overrides(tmp_path):
         h100 = resolve_gpu("H100")
         assert (h100.memory_gib, h100.dollars_per_hour, h100.bandwidth_gbs) == (79.5, 2.25, 3350)
         assert h100.sources["memory"] == "overridden by config" and "datasheet" not in h100.sources["memory"]
-        assert "Acme-X1" in GPUS
+        assert "Acme-X1" in GPUS and resolve_gpu("our-h100") is h100 and resolve_gpu("H100-SXM5") is h100
     finally:
         install_gpus([])
     assert resolve_gpu("H100").memory_gib == 79.19 and "Acme-X1" not in GPUS and find_gpu("Acme-X1") is None
