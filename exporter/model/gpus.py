@@ -22,6 +22,7 @@ described by `generic_gpu(memory_gib, bandwidth_gbs, tflops)`, marked `unprofile
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
@@ -402,6 +403,14 @@ class Catalog:
         raise CatalogError(f"unknown GPU {asked!r}; closest catalog names: {hint} "
                            "(or describe it: --gpu-memory-gib, --gpu-bandwidth-gbs, --gpu-tflops)")
 
+    def with_device(self, gpu: GPU) -> "Catalog":
+        """This catalog with one device object added or replacing the row of its name (a
+        described or command-line-adjusted device, so every later lookup sees the same one)."""
+        cat = copy.copy(self)
+        cat.gpus = {**self.gpus, gpu.name: gpu}
+        cat._index = {**self._index, name_key(gpu.name): gpu.name}
+        return cat
+
     def tier_names(self) -> list[str]:
         """Rows offered by default in tier recommendations (priced, marked `tier`)."""
         return [n for n, g in self.gpus.items() if g.tier and g.dollars_per_hour > 0]
@@ -422,14 +431,19 @@ _active = BUILTIN
 GPUS: dict[str, GPU] = dict(BUILTIN.gpus)   # the active rows; updated in place by install_gpus
 
 
+def _activate(cat: Catalog) -> Catalog:
+    global _active
+    _active = cat
+    GPUS.clear()
+    GPUS.update(cat.gpus)
+    return cat
+
+
 def install_gpus(rows: Iterable[GpuRow], origin: str = "config") -> Catalog:
     """Make operator rows (a `gpus:` config section) part of this process's catalog, replacing
     rows installed before (call again on reload; an empty list restores the built-in table)."""
-    global _active
-    _active = BUILTIN.with_rows(rows, origin) if rows else BUILTIN
-    GPUS.clear()
-    GPUS.update(_active.gpus)
-    return _active
+    rows = list(rows)
+    return _activate(BUILTIN.with_rows(rows, origin) if rows else BUILTIN)
 
 
 def active_catalog() -> Catalog:
@@ -482,8 +496,18 @@ def device_for_cli(name: str | None, *, gpu_file: str | None = None, memory_gib:
                    bandwidth_gbs: float | None = None, tflops: float | None = None) -> GPU:
     """`calc`'s device: a catalog row (with `--gpu-file` rows layered over the table), its
     bandwidth/TFLOPS replaced when given, or an unknown device described by the figures given
-    (no name and memory; or an unknown name with memory and bandwidth or TFLOPS)."""
+    (no name and memory; or an unknown name with memory and bandwidth or TFLOPS).
+
+    `calc` is one short process: the device (and the file's rows) become this process's catalog,
+    so every later lookup by name (the tier ranking's current GPU) answers the same device."""
     cat = BUILTIN.with_rows(load_gpu_file(gpu_file), origin=str(gpu_file)) if gpu_file else _active
+    gpu = _cli_device(cat, name, memory_gib, bandwidth_gbs, tflops)
+    _activate(cat if cat.gpus.get(gpu.name) is gpu else cat.with_device(gpu))
+    return gpu
+
+
+def _cli_device(cat: Catalog, name: str | None, memory_gib: float | None, bandwidth_gbs: float | None,
+                tflops: float | None) -> GPU:
     if not name:
         if memory_gib is None:
             raise InputError("--gpu NAME or --gpu-memory-gib F (to describe a device) is required")
