@@ -3,15 +3,11 @@ loggers included, and a bad choice is a usage error (exit 2)."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 import subprocess
 import sys
 
-import structlog
-
 from conftest import free_port
-from exporter import logs
 
 LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)(?:\s+|$)')
 
@@ -50,14 +46,13 @@ def test_serve_logs_json(cli_env):
     assert any(r["event"] == "scrape failed" and r["level"] == "warning" for r in records)
 
 
-def test_library_loggers_share_the_format(capsys):
-    try:
-        logs.configure("logfmt", "info")
-        logging.getLogger("httpx").warning("pool %s exhausted", "main")
-        structlog.get_logger("x").info("checked", ok=True, n=3)
-    finally:
-        logs.configure("json", "info")
-    err = capsys.readouterr().err.splitlines()
+def test_library_loggers_share_the_format(cli_env):
+    """In a child process: logs.configure sets process-wide logging state."""
+    code = ("import logging, structlog\nfrom exporter import logs\nlogs.configure('logfmt', 'info')\n"
+            "logging.getLogger('httpx').warning('pool %s exhausted', 'main')\n"
+            "structlog.get_logger('x').info('checked', ok=True, n=3)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=cli_env)
+    err = r.stderr.splitlines()
     lib = dict(parse_logfmt(next(l for l in err if "exhausted" in l)))
     assert lib["event"] == "pool main exhausted" and lib["logger"] == "httpx" and lib["level"] == "warning"
     ours = dict(parse_logfmt(next(l for l in err if "checked" in l)))
