@@ -40,7 +40,7 @@ class Running:
 
 
 def quiet_scenario(tmp: Path, *, max_num_seqs: int = 8, num_gpu_blocks: int | None = None,
-                   speed: float = 1.0, name: str = "quiet") -> Path:
+                   speed: float = 1.0, name: str = "quiet", max_model_len: int = 4096) -> Path:
     blocks = f"\n  num_gpu_blocks: {num_gpu_blocks}" if num_gpu_blocks else ""
     path = tmp / f"{name}.yaml"
     path.write_text(f"""name: {name}
@@ -48,7 +48,7 @@ model: meta-llama/Llama-3.1-8B-Instruct
 gpu: L4
 tp: 1
 vllm:
-  max_model_len: 4096
+  max_model_len: {max_model_len}
   max_num_seqs: {max_num_seqs}
   max_num_batched_tokens: 2048{blocks}
 traffic:
