@@ -26,8 +26,10 @@ import httpx
 from exporter.errors import InputError
 from exporter.loadgen import calibration
 from exporter.loadgen.client import Api
+from exporter.loadgen.prediction import predictions
+from exporter.loadgen.report import render as render_report
 from exporter.loadgen.runner import HARD_MAX_CONCURRENCY, SweepConfig, run_sweep
-from exporter.loadgen.stats import KNEE_GAIN
+from exporter.loadgen.stats import KNEE_GAIN, find_knee
 
 KNEE_RULE = (f"Knee rule: the first level whose next level adds less than {KNEE_GAIN * 100:.0f} % output "
              "throughput per doubling of load, or the last level before one whose TTFT/TPOT p99 "
@@ -89,6 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--gpu", metavar="NAME", help="GPU name (catalog name or alias)")
     h.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")
     h.add_argument("--dtype", default="bf16", metavar="D", help="weights dtype for the CSV (default bf16)")
+    h.add_argument("--max-num-seqs", type=int, metavar="N",
+                   help="the server's max_num_seqs, for the model's prediction (default: vLLM's default)")
     s = p.add_argument_group("SLO (optional; a level that breaks it ends the sweep's useful range)")
     s.add_argument("--ttft-slo", type=_seconds, metavar="S", help="TTFT p99 objective (e.g. 2s, 500ms)")
     s.add_argument("--tpot-slo", type=_seconds, metavar="S", help="TPOT p99 objective (e.g. 80ms)")
@@ -250,8 +254,10 @@ def run(args: argparse.Namespace) -> int:
         rows = calibration.rows(result.levels, model=model, gpu=gpu, tp=args.tp, dtype=args.dtype,
                                 source=f"vllm-drift sweep {base}", engine_version=info["version"], key=key)
         calibration.write(args.out, rows)
+    doc["prediction"] = _prediction(doc, args.max_num_seqs)
     if args.html:
-        Path(args.html).write_text(_html(doc), encoding="utf-8")
+        Path(args.html).write_text(render_report(doc, doc["prediction"]["points"], doc["prediction"]["note"]),
+                                   encoding="utf-8")
     if args.json:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -262,22 +268,25 @@ def run(args: argparse.Namespace) -> int:
     return 1 if result.levels and result.levels[-1].get("failed") else 0
 
 
-def _html(doc: dict[str, Any]) -> str:
-    from exporter.loadgen.prediction import predictions
-    from exporter.loadgen.report import render
+def _prediction(doc: dict[str, Any], max_num_seqs: int | None) -> dict[str, Any]:
+    """The calculator's prediction at the measured levels and, for a smooth curve, between them."""
     key = doc["level_key"]
     done = [lv for lv in doc["levels"] if lv.get("completed")]
     if not done:
-        return render(doc, [], "no level completed")
+        return {"note": "no prediction: no level completed", "points": []}
     prompt = sum(lv.get("prompt_tokens_mean") or doc["workload"]["prompt_tokens"] for lv in done) / len(done)
     output = sum(lv.get("output_tokens_mean") or doc["workload"]["output_tokens"] for lv in done) / len(done)
     lo, hi = done[0][key], done[-1][key]
     xs = {lv[key] for lv in done}
-    if key == "concurrency" and hi > lo:    # a smooth predicted curve: four points per doubling
+    if key == "concurrency" and hi > lo:    # four points per doubling
         xs |= {int(round(lo * 2 ** (i / 4))) for i in range(int(4 * math.log2(hi / lo)) + 1)}
-    xs = sorted(xs)
-    pred, note = predictions(doc["server"]["model"], doc["server"]["gpu"], doc["server"]["tp"], prompt, output, xs, key=key)
-    return render(doc, pred, note)
+    s = doc["server"]
+    points, note = predictions(s["model"], s["gpu"], s["tp"], prompt, output, sorted(xs), key=key,
+                               max_num_seqs=max_num_seqs)
+    measured = {lv[key] for lv in done}
+    at_levels = [{key: p["x"], "output_tokens_per_s": p["output_tokens_per_s"]} for p in points if p["x"] in measured]
+    knee = find_knee(at_levels, key) if at_levels else None
+    return {"note": note, "points": points, "knee": knee.as_dict(key) if knee else None}
 
 
 def print_table(doc: dict[str, Any]) -> None:

@@ -11,13 +11,13 @@ from exporter.model import Setup, Traffic, predict
 
 def predictions(model: str, gpu: str | None, tp: int, prompt: float, output: float,
                 xs: Sequence[float], *, key: str = "concurrency",
-                dtype: str = "auto") -> tuple[list[dict[str, Any]], str]:
+                dtype: str = "auto", max_num_seqs: int | None = None) -> tuple[list[dict[str, Any]], str]:
     """([{x, output_tokens_per_s, ttft_s, tpot_s}], note); an empty list and the reason when the
     model or GPU is not resolvable."""
     if not gpu:
         return [], "no prediction: the GPU is unknown (give --gpu)"
     try:
-        setup = Setup.build(model, gpu, tp=tp, dtype=dtype)
+        setup = Setup.build(model, gpu, tp=tp, dtype=dtype, max_num_seqs=max_num_seqs)
         traffic = Traffic(prompt_tokens_mean=max(1.0, prompt), output_tokens_mean=max(1.0, output))
         out = []
         for x in xs:
@@ -27,5 +27,5 @@ def predictions(model: str, gpu: str | None, tp: int, prompt: float, output: flo
                         "tpot_s": d["tpot_s"]})
     except (InputError, ValueError) as exc:
         return [], f"no prediction: {exc}"
-    return out, (f"model prediction: {setup.model.name} on {tp} x {setup.gpu.name}, vLLM default "
-                 f"flags (max_num_seqs {setup.max_num_seqs}), prompt {prompt:.0f} / output {output:.0f} tokens")
+    return out, (f"model prediction: {setup.model.name} on {tp} x {setup.gpu.name}, max_num_seqs "
+                 f"{setup.max_num_seqs}, other flags vLLM's defaults, prompt {prompt:.0f} / output {output:.0f} tokens")

@@ -54,6 +54,8 @@ def test_json_csv_and_html(sim, tmp_path, capsys):
     assert all(r["model"] == st.scenario.model and r["gpu"] == "L4" and r["input_len"] == "64"
                and r["output_len"] == "16" for r in rows)
     assert float(rows[0]["tpot_ms"]) == pytest.approx(levels[0]["tpot_mean_s"] * 1e3, rel=1e-3)
+    pred = doc["prediction"]
+    assert [p["x"] for p in pred["points"]][:3] == [1, 2, 3] and "L4" in pred["note"]
     page = html.read_text()
     assert page.count("data-vllm-drift-plot") == 2 and "model prediction" in page
     assert not re.search(r"<(script|img|iframe)[^>]*\ssrc=\"?https?:", page)    # plotly.js inlined

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from exporter.loadgen.client import Api
+from exporter.loadgen.prediction import predictions
 from exporter.loadgen.runner import SweepConfig, run_sweep
+from exporter.loadgen.stats import find_knee
 from sim_running import quiet_scenario, start
 
 SPEED = 5.0          # sim seconds per wall second: an 8B decode step on an L4 takes ~15 ms of wall time
@@ -31,6 +33,9 @@ def test_knee_is_max_num_seqs(tmp_path):
     assert lv16["ttft_p50_s"] > 2 * lv8["ttft_p50_s"]
     assert all(lv["failed"] == 0 and lv["usage_reported"] for lv in res.levels)
     assert all(lv["output_tokens_mean"] == 24 and lv["prompt_tokens_mean"] == 96 for lv in res.levels)
+    # the calculator, told max_num_seqs, puts the knee at the same level
+    pred, _ = predictions(st.scenario.model, "L4", 1, 96, 24, [1, 2, 4, 8, 16], max_num_seqs=8)
+    assert find_knee([{"concurrency": p["x"], "output_tokens_per_s": p["output_tokens_per_s"]} for p in pred]).level == 8
     # client-side TTFT/TPOT against the engine's histograms over the same level (sim time / speed)
     for lv in res.levels:
         assert abs(lv["server_tpot_mean_s"] / SPEED - lv["tpot_mean_s"]) < 0.25 * lv["tpot_mean_s"]
