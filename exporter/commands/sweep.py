@@ -295,7 +295,8 @@ def print_table(doc: dict[str, Any]) -> None:
     key = doc["level_key"]
     s = doc["server"]
     t = Table(title=f"{s['model']} at {s['url']} ({s['tp']} x {s['gpu'] or 'GPU ?'})")
-    for col in (key, "ok/fail", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+    t.add_column(key, justify="right", no_wrap=True)
+    for col in ("ok/fail", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
                 "ITL p99 ms", "KV mean/max", "run/wait max", "preempt"):
         t.add_column(col, justify="right")
     knee = doc.get("knee")
@@ -322,6 +323,8 @@ def print_table(doc: dict[str, Any]) -> None:
     con.print(t)
     if knee:
         con.print(f"knee at {key} {knee[key]:g}: {knee['detail']}", highlight=False)
+    elif doc.get("stopped"):
+        con.print("no knee found before the sweep stopped", highlight=False)
     else:
         con.print("no knee: throughput still grows by at least 10 % per doubling at the last level", highlight=False)
     con.print(KNEE_RULE, style="dim", highlight=False)

@@ -179,7 +179,9 @@ async def serve_request(endpoint: Any, path: str, payload: bytes, writer: asynci
                 try:
                     await asyncio.wait_for(ready.wait(), 1.0)
                 except asyncio.TimeoutError:
-                    if st.current is not engine:   # the simulated server redeployed meanwhile
+                    # the simulated server redeployed meanwhile, or dropped the queued request
+                    if st.current is not engine or (handle not in engine.waiting
+                                                    and handle not in engine.running):
                         reason = "abort"
                     continue
             t, n, fin = events.popleft()
