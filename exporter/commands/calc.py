@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--tpot-slo", type=float, metavar="S", help="time-per-output-token objective, seconds")
     s.add_argument("--spec-tokens", type=int, default=0, metavar="K", help="speculative tokens per step (0 = off)")
     s.add_argument("--spec-acceptance", type=float, metavar="F", help="per-token draft acceptance rate")
+    p.add_argument("--calibrate", action="append", default=[], metavar="FILE.csv",
+                   help="measured rows (columns of throughput-observations.csv, as `sweep --out` writes) "
+                        "that fit the step-time model before predicting; repeatable")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run)
 
@@ -105,14 +108,24 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
     }
 
 
-def performance_sections(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
-    """`predicted`, `recommendation` and `tiers`, from the performance model."""
+def performance_sections(setup: Setup, args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
+    """`predicted`, `recommendation` and `tiers` from the performance model, calibrated on
+    `--calibrate` rows when given (then also the `calibration` section)."""
+    from exporter.model.calibrate import fit_setup as fit_calibration, read_rows
     from exporter.model.report import performance_report
-    return performance_report(
+    fit = None
+    if args.calibrate:
+        fit, cal_notes = fit_calibration(setup, read_rows(args.calibrate), quantization=args.quantization)
+        notes += cal_notes
+    doc = performance_report(
         setup, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
         concurrency=args.concurrency, rate=args.rate, prefix_hit_ratio=args.prefix_hit_ratio,
         ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo, spec_tokens=args.spec_tokens,
-        spec_acceptance=args.spec_acceptance)
+        spec_acceptance=args.spec_acceptance,
+        calibration=fit.calibration if fit is not None and fit.rows_used and not fit.rejected else None)
+    if fit is not None:
+        doc["calibration"] = fit.as_dict()
+    return doc
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -142,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     _validate_traffic(args)
     setup, cap, notes = fit_setup(args)
     doc = kv_sections(setup, cap)
-    doc.update(performance_sections(setup, args))
+    doc.update(performance_sections(setup, args, notes))
     if notes:
         doc["notes"] = notes
         for note in notes:

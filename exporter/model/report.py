@@ -19,11 +19,14 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
                        tpot_slo: float | None = None, spec_tokens: int = 0,
                        spec_acceptance: float | None = None,
                        prices: Mapping[str, float] | None = None,
-                       tiers: bool = True, tier_limit: int | None = 12) -> dict[str, Any]:
+                       tiers: bool = True, tier_limit: int | None = 12,
+                       calibration: Any = None) -> dict[str, Any]:
     """{"predicted": ..., "recommendation": ..., "tiers": [...]} for `setup` under the traffic.
 
     "predicted" is at the given concurrency or rate; without either, at the recommended
-    operating point (recommended flags, running the recommended max_num_seqs)."""
+    operating point (recommended flags, running the recommended max_num_seqs). `calibration`:
+    fitted step-time factors (`exporter.model.calibrate`) for "predicted"; the prior's TPOT and
+    TTFT are then kept beside them."""
     traffic = Traffic(prompt_tokens_mean=float(prompt_tokens), output_tokens_mean=float(output_tokens),
                       arrival_rate_rps=rate, concurrency=concurrency,
                       prefix_hit_ratio=float(prefix_hit_ratio or 0.0),
@@ -34,16 +37,22 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
         spec = SpecConfig(num_tokens=int(spec_tokens), alpha=float(spec_acceptance or 0.0))
     rec = recommend(setup, traffic, slo, spec)
     if concurrency is not None or rate is not None:
-        pred = predict(setup, traffic, concurrency=concurrency, rate=rate, spec=spec)
+        at, kw = setup, dict(concurrency=concurrency, rate=rate, spec=spec)
         point = "given load"
     else:
-        tuned = setup.with_(max_num_seqs=rec.max_num_seqs, gpu_memory_utilization=rec.gpu_memory_utilization,
-                            max_model_len=rec.max_model_len,
-                            max_num_batched_tokens=rec.max_num_batched_tokens)
-        pred = predict(tuned, traffic, concurrency=rec.max_num_seqs,
-                       spec=spec if rec.speculative_decoding else None)
+        at = setup.with_(max_num_seqs=rec.max_num_seqs, gpu_memory_utilization=rec.gpu_memory_utilization,
+                         max_model_len=rec.max_model_len,
+                         max_num_batched_tokens=rec.max_num_batched_tokens)
+        kw = dict(concurrency=rec.max_num_seqs, spec=spec if rec.speculative_decoding else None)
         point = f"recommended operating point (concurrency {rec.max_num_seqs})"
+    pred = predict(at, traffic, **kw, calibration=calibration)
     predicted = pred.as_dict()
+    predicted["basis"] = "prior"
+    if calibration is not None:
+        prior = predict(at, traffic, **kw)
+        predicted["basis"] = "calibrated"
+        predicted["prior_tpot_s"] = prior.as_dict()["tpot_s"]
+        predicted["prior_ttft_s"] = prior.as_dict()["ttft_s"]
     predicted["operating_point"] = point
     predicted["meets_slo"] = _meets(pred, slo)
     doc: dict[str, Any] = {"predicted": predicted, "recommendation": rec.as_dict()}
