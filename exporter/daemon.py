@@ -33,6 +33,7 @@ from exporter.model.gpus import install_gpus
 from exporter.drift.state import StateStore
 from exporter.discovery import Discovery, build_discovery
 from exporter.errors import InputError, ParseError, ScrapeError
+from exporter.events import Narrator
 from exporter.export.collector import Exposition, FleetView, TargetView
 from exporter.export.server import HTTPServer, Published
 from exporter.parse import parse_vllm
@@ -103,6 +104,7 @@ class Daemon:
         self.pipelines = Pipelines(cfg)
         self.pipelines.on_state_error = self._state_error
         self.targets: dict[str, TargetState] = {}
+        self.narrator = Narrator(log)   # what the operator reads: discoveries, windows, findings
         self.exposition = Exposition()
         self.published = Published(self.exposition.render)
         self.published.reload = self._reload_from_http
@@ -190,7 +192,7 @@ class Daemon:
             wanted = {url: st.spec for url, st in self.targets.items()}
         for url in list(self.targets):
             if url not in wanted:
-                log.info("target removed", target=url)
+                self.narrator.removed(url)
                 del self.targets[url]
         gpus = None
         if self.dcgm is not None:
@@ -199,7 +201,7 @@ class Daemon:
             state = self.targets.get(url)
             if state is None:
                 self.targets[url] = TargetState(spec)
-                log.info("target added", target=url, source=spec.source)
+                self.narrator.discovered(url, spec.source)
             elif state.spec != spec:
                 state.spec = spec
             if gpus is not None:
@@ -289,9 +291,12 @@ class Daemon:
             pipe.observe(snap)
         if not quiet:   # a restored model this target no longer serves
             self.pipelines.forget_restored(url, seen)
+            self.narrator.scraped(url, ((s.model_name, s.engine_era) for s in snaps),
+                                  st.metadata.vllm_version if st.metadata else None)
         for gone in set(st.pipelines) - seen:
             st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
+            self.narrator.forget(url, gone)
 
     @staticmethod
     def _restarted(st: TargetState, snaps: list[Snapshot]) -> bool:
@@ -319,8 +324,16 @@ class Daemon:
                     st.reports[model] = pipe.evaluate(st.metadata, now)
                 except Exception:  # one target's bad data must not stop the others
                     log.exception("evaluation failed", target=st.spec.url, model_name=model)
+                    continue
+                try:
+                    self.narrator.evaluated(st.spec.url, model, st.reports[model], pipe.window.duration,
+                                            slack_s=self.cfg.scrape.interval)
+                except Exception:  # telling must never stop judging
+                    log.exception("event logging failed", target=st.spec.url, model_name=model)
         self.last_evaluation = time.time()
         self.evaluation_duration = time.perf_counter() - start
+        self.narrator.summary((r for st in self.targets.values() for r in st.reports.values()),
+                              len(self.targets), self.evaluation_duration)
         self.ready = True
         self.save_state()
         self.publish()
