@@ -122,6 +122,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._gc_full_at = time.monotonic()
         self._reload_requested = False
+        self._foreign_tasks: set[asyncio.Task] = set()
 
     # ----------------------------------------------------------------- setup
     @staticmethod
@@ -429,6 +430,9 @@ class Daemon:
     # ----------------------------------------------------------------- run
     async def run(self, *, duration: float | None = None, on_listen=None) -> None:
         self.loop = asyncio.get_running_loop()
+        # tasks already there (an embedding program's own, e.g. `demo` awaiting this one): not
+        # ours to drain at shutdown, which would wait out the whole grace period for them
+        self._foreign_tasks = set(asyncio.all_tasks())
         # The HTTP thread waits for the GIL whenever the loop thread parses or evaluates; a 1 ms
         # switch interval (default 5 ms) keeps /metrics answers fast during those bursts.
         sys.setswitchinterval(0.001)
@@ -509,7 +513,8 @@ class Daemon:
         # on shutdown, which would throw away the cycle instead of draining it.
         if self.scheduler is not None:
             self.scheduler.pause()
-        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        pending = [t for t in asyncio.all_tasks()
+                   if t is not asyncio.current_task() and not t.done() and t not in self._foreign_tasks]
         if pending:
             await asyncio.wait(pending, timeout=grace)
         if self.scheduler is not None:
