@@ -107,7 +107,7 @@ def test_length_stops_params_max_tokens_and_buckets_match_the_real_capture():
         assert hist(sim, name)[0] == hist(real, name)[0], name   # same bucket edges (same config)
     # the pool was sized by --kv-cache-memory-bytes on both (not profiled, not a block override)
     for fams in (real, sim):
-        info = fams["vllm:cache_config"].samples[0].labels
+        info = fams["vllm:cache_config_info"].samples[0].labels
         assert info["kv_cache_memory_bytes"] != "None" and info["num_gpu_blocks"] == "48"
         assert info["num_gpu_blocks_override"] == "None"
     for fams in (real, sim):                   # every request sent max_tokens = 1024
