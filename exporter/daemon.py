@@ -214,7 +214,13 @@ class Daemon:
                 log.error("scrape of a target raised", target=st.spec.url, error=f"{type(res).__name__}: {res}"[:300])
         self.cycle_duration = time.perf_counter() - start
         self.cycles += 1
-        self.publish()
+        if self.last_evaluation is None and any(p.latest is not None for st in self.targets.values()
+                                                for p in st.pipelines.values()):
+            # the first evaluation right after the first good scrape: instant verdicts (and the
+            # operator's first report) do not wait a whole evaluation interval
+            self.evaluate()
+        else:
+            self.publish()
         self._gc_maintenance()
 
     async def scrape_one(self, st: TargetState) -> None:

@@ -9,14 +9,16 @@ computed here, in one place, by diffing consecutive evaluations' active findings
 
 Events (the structlog `event` key), all at info level:
   target discovered   target, source
-  first scrape        target, models, vllm_version, engine_era
-  window filling      target, model_name, percent (25, 50, 75), window_seconds
+  first scrape        target, models (comma-separated), vllm_version, engine_era
+  window filling      target, model_name, percent (25, 50, 75: the highest quarter reached),
+                      window_seconds (span covered), window (length)
   window full         target, model_name, window_seconds
-  first evaluation    target, model_name, status, findings (warning and above), needs_more_data
+  first evaluation    target, model_name, status, findings (warning and above, comma-separated),
+                      needs_more_data (findings not judged yet, comma-separated)
   finding opened | finding escalated | finding de-escalated | finding cleared
                       target, model_name, finding, severity (previous_severity), score,
                       parameter, configured, recommended, explanation
-  evaluation          one line per evaluation: targets, models, findings by severity, how many
+  evaluation          one line per evaluation: targets, models, critical/warning/info counts, how many
                       windows are still filling, duration_ms; so the daemon is never silent for
                       longer than one evaluation interval
 """
@@ -27,7 +29,7 @@ from typing import Any, Iterable, Mapping
 
 import structlog
 
-from exporter.report import SEVERITIES, Finding, ModelReport
+from exporter.report import FINDINGS, SEVERITIES, Finding, ModelReport
 
 RANK = {s: i for i, s in enumerate(SEVERITIES)}
 QUARTERS = (25, 50, 75, 100)
@@ -60,15 +62,34 @@ def active(report: ModelReport) -> dict[str, Finding]:
     return {f.finding: f for f in report.findings}
 
 
-def needs_more_data(report: ModelReport) -> list[str]:
-    """Findings the report could not judge yet, by name: per-finding statuses when the engine
-    gives them (`derived["statuses"]` / `derived["status"]`), else the report's own status."""
-    d = report.derived or {}
-    statuses = d.get("finding_status") or d.get("statuses") or d.get("status")
-    if isinstance(statuses, Mapping):
-        return sorted(str(k) for k, v in statuses.items()
-                      if (v.get("status") if isinstance(v, Mapping) else v) == "insufficient_data")
-    return ["all"] if report.status == "insufficient_data" else []
+def needs_more_data(doc: Mapping[str, Any]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """(findings not judged yet, why, findings that cannot be judged from this server and why),
+    from the report's per-finding status; a report without one (an engine that says only
+    `insufficient_data` for the whole report) lists every finding it did not give."""
+    status = doc.get("finding_status") or {}
+    if status:
+        need = {k: str(v.get("reason") or "") for k, v in status.items()
+                if v.get("status") == "insufficient_data"}
+        gone = {k: str(v.get("reason") or "") for k, v in status.items() if v.get("status") == "unavailable"}
+        return sorted(need), need, gone
+    fs = doc.get("findings") or []
+    pseudo = {f["finding"]: f.get("explanation") or "" for f in fs
+              if f["finding"] in ("insufficient_data", "unavailable")}
+    gone = {f["finding"]: f.get("explanation") or "" for f in fs
+            if f["finding"] == "unavailable" and f.get("parameter")}
+    if "insufficient_data" not in pseudo and doc.get("status") != "insufficient_data":
+        return [], {}, gone
+    given = {f["finding"] for f in fs}
+    why = pseudo.get("insufficient_data", "")
+    need = [n for n in FINDINGS if n not in given and n not in ("insufficient_data", "unavailable")]
+    return need, {n: why for n in need}, gone
+
+
+def _brief(report: ModelReport) -> dict[str, Any]:
+    """The parts of `report.to_json()` that `needs_more_data` reads, without the rest."""
+    return {"finding_status": getattr(report, "finding_status", None) or {}, "status": report.status,
+            "findings": [{"finding": f.finding, "explanation": f.explanation, "parameter": f.parameter}
+                         for f in report.findings]}
 
 
 @dataclass
@@ -103,7 +124,7 @@ class Narrator:
             return
         self._scraped.add(url)
         models = list(models)
-        self.log.info("first scrape", target=url, models=[m for m, _ in models],
+        self.log.info("first scrape", target=url, models=",".join(m for m, _ in models),
                       vllm_version=vllm_version,
                       engine_era=next((e for _, e in models if e), None))
 
@@ -116,7 +137,9 @@ class Narrator:
         times, so the span of a full window is up to one interval less than its length)."""
         mem = self._mem.setdefault((url, model), _Memory())
         covered = float((report.observed or {}).get("window_seconds") or 0.0)
-        full = max(window_s - slack_s, 1e-9)
+        # a full window's rates span between 7/8 of it and all of it (exporter.window keeps a
+        # baseline snapshot every 1/8), less up to one scrape interval
+        full = max(min(window_s - slack_s, 0.85 * window_s), 1e-9)
         reached = max((q for q in QUARTERS if covered + 1e-6 >= full * q / 100.0), default=0)
         if reached > mem.quarter:
             mem.quarter = reached
@@ -128,9 +151,9 @@ class Narrator:
         if not mem.evaluated:
             mem.evaluated = True
             self.log.info("first evaluation", target=url, model_name=model, status=report.status,
-                          findings=sorted(f.finding for f in report.findings
-                                          if RANK.get(f.severity, 0) >= RANK["warning"]),
-                          needs_more_data=needs_more_data(report))
+                          findings=",".join(sorted(f.finding for f in report.findings
+                                                   if RANK.get(f.severity, 0) >= RANK["warning"])),
+                          needs_more_data=",".join(needs_more_data(_brief(report))[0]))
         cur = active(report)
         out = transitions(mem.findings, cur)
         mem.findings = cur
@@ -158,7 +181,8 @@ class Narrator:
             models += 1
             for f in r.findings:
                 counts[f.severity] = counts.get(f.severity, 0) + 1
-        self.log.info("evaluation", targets=targets, models=models, findings=counts,
+        self.log.info("evaluation", targets=targets, models=models, critical=counts.get("critical", 0),
+                      warning=counts.get("warning", 0), info=counts.get("info", 0),
                       windows_filling=self.filling(), duration_ms=round(duration_s * 1000, 1))
 
     def forget(self, url: str, model: str) -> None:

@@ -18,11 +18,12 @@ from rich.table import Table
 from exporter.commands.simulate import DUMP_STAMP
 from exporter.config import Config, TargetSpec, check_url
 from exporter.errors import InputError, ParseError, ScrapeError
+from exporter.events import needs_more_data
 from exporter.parse import parse_vllm
 from exporter.parse.metadata import Metadata
 from exporter.parse.snapshot import Snapshot
 from exporter.pipeline import Pipelines, TargetPipeline
-from exporter.report import FINDINGS, ModelReport
+from exporter.report import ModelReport
 from exporter.scrape import Scraper
 from exporter.window.window import is_reset
 
@@ -100,29 +101,6 @@ class Scanned:
         doc["input"] = {"snapshots": self.snapshots, "interval_seconds": self.interval_s,
                         "counter_reset": self.counter_reset}
         return doc
-
-
-def needs_more_data(doc: Mapping[str, Any]) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """(findings not judged yet, why, findings that cannot be judged from this server and why),
-    from the report's per-finding status; a report without one (an engine that says only
-    `insufficient_data` for the whole report) lists every finding it did not give."""
-    status = doc.get("finding_status") or {}
-    if status:
-        need = {k: str(v.get("reason") or "") for k, v in status.items()
-                if v.get("status") == "insufficient_data"}
-        gone = {k: str(v.get("reason") or "") for k, v in status.items() if v.get("status") == "unavailable"}
-        return sorted(need), need, gone
-    fs = doc.get("findings") or []
-    pseudo = {f["finding"]: f.get("explanation") or "" for f in fs
-              if f["finding"] in ("insufficient_data", "unavailable")}
-    gone = {f["finding"]: f.get("explanation") or "" for f in fs
-            if f["finding"] == "unavailable" and f.get("parameter")}
-    if "insufficient_data" not in pseudo and doc.get("status") != "insufficient_data":
-        return [], {}, gone
-    given = {f["finding"] for f in fs}
-    why = pseudo.get("insufficient_data", "")
-    need = [n for n in FINDINGS if n not in given and n not in ("insufficient_data", "unavailable")]
-    return need, {n: why for n in need}, gone
 
 
 def reset_reason(prev: Snapshot, cur: Snapshot) -> str | None:

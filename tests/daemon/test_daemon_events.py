@@ -57,7 +57,7 @@ def test_serve_logs_discovery_window_first_evaluation_and_findings(tmp_path, cli
         by.setdefault(r["event"], []).append(r)
     assert by["target discovered"][0]["target"] == url
     first = by["first scrape"][0]
-    assert first["target"] == url and first["models"] == ["meta-llama/Llama-3.1-8B-Instruct"]
+    assert first["target"] == url and first["models"] == "meta-llama/Llama-3.1-8B-Instruct"
     assert first["vllm_version"] == "0.11.0" and first["engine_era"]
     pcts = [r["percent"] for r in by["window filling"]]     # the quarter reached, once each
     assert pcts and pcts == sorted(set(pcts)) and set(pcts) <= {25, 50, 75}
@@ -81,7 +81,7 @@ def test_serve_logs_discovery_window_first_evaluation_and_findings(tmp_path, cli
     assert max(gaps) < 2 * 2.0, gaps
     assert len(by["evaluation"]) >= 3
     ev = by["evaluation"][-1]
-    assert ev["targets"] == 1 and ev["models"] == 1 and set(ev["findings"]) == {"info", "warning", "critical"}
+    assert ev["targets"] == 1 and ev["models"] == 1 and ev["critical"] + ev["warning"] >= 1
 
 
 def _f(name: str, sev: str, score: float = 0.5, **kw) -> Finding:
