@@ -212,22 +212,28 @@ class Rules:
         who = "{{ $labels.model_name }} on {{ $labels.instance }}"
         usage = "instance_model:vllm_kv_cache_usage_perc:max"
         waiting = "instance_model:vllm_num_requests_waiting:sum"
-        ww, cw = kv["warning_window"], kv["critical_window"]
+        ww, cw, qw = kv["warning_window"], kv["critical_window"], kv["queue_window"]
         share = kv["warning_share"]
         return [
             # A small pool's usage jumps by whole requests (0.34 <-> 1.0 between 15 s scrapes on
             # a real 48-block vLLM): an instantaneous `> x for: 10m` resets on every dip. The
             # window's upper quantile says "full in at least `share` of the scrapes".
+            # Warning: full in at least `share` of the window's scrapes while requests waited,
+            # or the queue held in most of the last `queue_window` while the pool reached full
+            # (the steady sign on a pool that swings; it also catches a fresh onset on a server
+            # with a long healthy history within minutes).
             self._alert(
                 "VLLMKVCachePressure",
-                (f"quantile_over_time({1 - share:g}, {usage}[{ww}]) > {kv['warning_ratio']}\n"
-                 f"and\nmax_over_time({waiting}[{ww}]) > 0"),
+                (f"(\n  quantile_over_time({1 - share:g}, {usage}[{ww}]) > {kv['warning_ratio']}\n"
+                 f"  and\n  max_over_time({waiting}[{ww}]) > 0\n)\nor\n(\n"
+                 f"  max_over_time({usage}[{qw}]) > {kv['warning_ratio']}\n"
+                 f"  and\n  quantile_over_time(0.5, {waiting}[{qw}]) >= 1\n)"),
                 kv["warning_for"], "warning",
                 "vLLM KV cache is full while requests wait.",
-                f"KV cache usage of {who} was above {kv['warning_ratio']:.0%} in at least "
-                f"{share:.0%} of the last {ww} (its {1 - share:.0%} quantile is "
-                "{{ $value | humanizePercentage }}) while requests waited; new requests queue "
-                "and running ones get preempted."),
+                f"KV cache usage of {who} reached {{{{ $value | humanizePercentage }}}} while "
+                f"requests waited: above {kv['warning_ratio']:.0%} in at least {share:.0%} of the "
+                f"last {ww}, or with requests waiting through most of the last {qw}; new requests "
+                "queue and running ones get preempted."),
             # Critical: the pool is full on average. keep_firing_for stops a mean hovering at
             # the threshold from resolving and re-arming the page.
             self._alert(
