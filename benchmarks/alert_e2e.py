@@ -206,8 +206,12 @@ def poll_once(servers: list[Server], t: float, prom: str, drift: str) -> None:
         pass
 
 
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
 def run(servers: list[Server], *, duration: float, group_wait: str, gpu: str, seed: int,
-        poll: float = 5.0, stop_early: bool = False, out=print) -> dict:
+        poll: float = 5.0, stop_early: bool = False, out=_say) -> dict:
     if PROMETHEUS is None or ALERTMANAGER is None:
         raise RuntimeError("prometheus and prometheus-alertmanager are needed "
                            "(apt-get install prometheus prometheus-alertmanager)")
@@ -252,6 +256,7 @@ def run(servers: list[Server], *, duration: float, group_wait: str, gpu: str, se
             wait_http(f"{prom}/-/ready", 60, stack)
             out(f"stack up after {time.time() - t0:.0f} s: Prometheus {prom}, Alertmanager "
                 f"127.0.0.1:{am_port}, vllm-drift {drift}; watching {duration:.0f} s")
+            shown: set[tuple[str, str]] = set()
             while (t := time.time() - t0) < duration:
                 stack.check_alive()
                 poll_once(servers, t, prom, drift)
@@ -261,6 +266,11 @@ def run(servers: list[Server], *, duration: float, group_wait: str, gpu: str, se
                             s.mark("notification", n["t"], f"{n['labels'].get('alertname')} ({n['labels'].get('severity')})")
                             if n["labels"].get("alertname") in KV_ALERTS:
                                 s.mark("kv_notification", n["t"], f"{n['labels'].get('alertname')} ({n['labels'].get('severity')})")
+                for s in servers:
+                    for hop in HOPS:
+                        if hop in s.hops and (s.url, hop) not in shown:
+                            shown.add((s.url, hop))
+                            out(f"  {s.hops[hop]:6.0f} s  {s.role:<8} {hop:<17} {s.first[hop]}")
                 if stop_early and all("kv_notification" in s.hops for s in servers if s.role == "pressure"):
                     break
                 time.sleep(poll)
@@ -319,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=360, help="seconds to watch (default 360)")
     ap.add_argument("--limit", type=float, default=330, help="onset -> KV notification goal (default 330 s)")
     ap.add_argument("--group-wait", default="30s")
+    ap.add_argument("--stop-early", action="store_true",
+                    help="stop once every pressure server got its KV notification")
     ap.add_argument("--json", type=Path, help="write the hop times and notifications here")
     args = ap.parse_args(argv)
     ext = {}
@@ -331,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                Server(role, f"http://127.0.0.1:{free_port()}", scenario=scen)
                for role, scen in (("pressure", args.pressure_scenario), ("healthy", args.healthy_scenario))]
     try:
-        result = run(servers, duration=args.duration, group_wait=args.group_wait, gpu=args.gpu, seed=args.seed)
+        result = run(servers, duration=args.duration, group_wait=args.group_wait, gpu=args.gpu, seed=args.seed,
+                     stop_early=args.stop_early)
     except RuntimeError as exc:
         print(f"alert_e2e: {exc}", file=sys.stderr)
         return 2
