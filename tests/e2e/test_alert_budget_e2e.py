@@ -30,10 +30,10 @@ def _bench():
     return mod
 
 
-def test_kv_pressure_pages_within_budget_and_healthy_stays_silent(free_port):
+def test_kv_pressure_pages_within_budget_and_healthy_stays_silent():
     bench = _bench()
-    pressure = bench.Server("pressure", f"http://127.0.0.1:{free_port()}", scenario="kv-pressure")
-    healthy = bench.Server("healthy", f"http://127.0.0.1:{free_port()}", scenario="healthy")
+    pressure = bench.Server("pressure", f"http://127.0.0.1:{bench.free_port()}", scenario="kv-pressure")
+    healthy = bench.Server("healthy", f"http://127.0.0.1:{bench.free_port()}", scenario="healthy")
     lines: list[str] = []
     result = bench.run([pressure, healthy], duration=WATCH_S, group_wait="30s", gpu="L4", seed=5,
                        out=lines.append)
