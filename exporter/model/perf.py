@@ -102,11 +102,11 @@ CALIBRATIONS: dict[str, Calibration] = {
     # over TP, a per-request host cost and token-based admission. Cross-validated figures:
     # `python benchmarks/accuracy_latency.py --cv`. FP4 GEMMs have no Hopper rows: the FP8
     # factor stands in for them.
-    "hopper": Calibration("hopper", bw_eff=0.874, flops_eff_bf16=0.524, flops_eff_fp8=0.699,
-                          flops_eff_fp4=0.699, step_overhead_s=1.08e-3, layer_sync_s=29.3e-6,
-                          per_token_s=9.16e-6, ttft_steps=4.33, ttft_fixed_s=0.0,
-                          moe_flops_eff=0.533, queue_factor=0.0445, ttft_prefill_factor=1.20,
-                          source=_FIT_SOURCE, per_seq_s=0.59e-6, moe_bw_eff=1.0,
+    "hopper": Calibration("hopper", bw_eff=0.913, flops_eff_bf16=0.532, flops_eff_fp8=0.701,
+                          flops_eff_fp4=0.701, step_overhead_s=1.056e-3, layer_sync_s=30.6e-6,
+                          per_token_s=8.98e-6, ttft_steps=3.82, ttft_fixed_s=0.0,
+                          moe_flops_eff=0.518, queue_factor=0.0447, ttft_prefill_factor=1.22,
+                          source=_FIT_SOURCE, per_seq_s=0.63e-6, moe_bw_eff=1.0,
                           ref_bw_tbps=3.35),
     # Blackwell (B200/B300/GB200, RTX PRO 6000): no measured rows here, so not Hopper's numbers
     # stretched but each factor carried over by what it physically is:
@@ -118,12 +118,12 @@ CALIBRATIONS: dict[str, Calibration] = {
     #   than Hopper's because the same serving batch fills a 2.25x larger tensor-core array
     #   less (prior: Hopper's x 0.8 [unverified, to be fitted online, issue 15]); HBM3e
     #   bandwidth share as Hopper's HBM3 [unverified]; FP4 GEMMs (tcgen05) as FP8.
-    "blackwell": Calibration("blackwell", bw_eff=0.874, flops_eff_bf16=0.42, flops_eff_fp8=0.56,
-                             flops_eff_fp4=0.56, step_overhead_s=1.08e-3, layer_sync_s=29.3e-6,
-                             per_token_s=9.16e-6, ttft_steps=4.33, ttft_fixed_s=0.0,
-                             moe_flops_eff=0.533, queue_factor=0.0445, ttft_prefill_factor=1.20,
+    "blackwell": Calibration("blackwell", bw_eff=0.913, flops_eff_bf16=0.43, flops_eff_fp8=0.56,
+                             flops_eff_fp4=0.56, step_overhead_s=1.056e-3, layer_sync_s=30.6e-6,
+                             per_token_s=8.98e-6, ttft_steps=3.82, ttft_fixed_s=0.0,
+                             moe_flops_eff=0.518, queue_factor=0.0447, ttft_prefill_factor=1.22,
                              source="prior: Hopper fit carried over factor by factor (no Blackwell rows)",
-                             per_seq_s=0.59e-6, moe_bw_eff=1.0, ref_bw_tbps=3.35),
+                             per_seq_s=0.63e-6, moe_bw_eff=1.0, ref_bw_tbps=3.35),
 }
 _UNFITTED_NOTE = "no measured rows for this class: Hopper factors applied to its own datasheet"
 
@@ -384,8 +384,13 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
                 demand_prompt = clients * (prompt_new + block_size) - (kv_tokens - shared)
                 demand_all = clients * footprint - (kv_tokens - shared)
                 before = min(max(demand_prompt / demand_all, 0.0), 1.0) if demand_all > 0 else 0.0
-            queue = before * total_wait
-            stall = (1.0 - before) * total_wait
+            # a preempted request goes back to the FRONT of the queue and is re-admitted as soon
+            # as blocks free up, so its stalls cannot exceed what the running set's own decode
+            # takes (one step's worth per output token); past that bound the overload is
+            # clients waiting for their first admission (the c=512 sweeps: TTFT of minutes,
+            # clean TPOT)
+            stall = min((1.0 - before) * total_wait, steps_out * tbar)
+            queue = total_wait - stall
             saturated = True
         x = min(clients, capacity) / r_own
     elif saturated:
