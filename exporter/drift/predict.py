@@ -154,7 +154,7 @@ def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, f
         try:
             tiers = _rank(setup.model, _coarse(tr), s, tuple(sorted(prices.items())), setup.quantization,
                           setup.kv_cache_dtype, setup.vllm_version, setup.gpu.name)
-            out["tiers"] = tuple(_tier(t) for t in tiers if t.meets_slo)
+            out["tiers"] = tuple(_tier(t) for t in tiers if t.meets_slo is not False)  # None: no SLO given, every tier serves
         except (InputError, ArithmeticError, ValueError) as exc:
             notes.append(f"calculator tiers: {exc}")
     return out
@@ -244,8 +244,8 @@ def _capacity(setup: Any, tr: Any, s: Any) -> tuple[float | None, int | None]:
 def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None, kv_dtype: str,
           version: tuple, current_gpu: str) -> tuple:
     from exporter.model import optimizer
-    from exporter.model.gpus import GPUS
-    gpus = [g for g in GPUS if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
+    from exporter.model.gpus import tier_names
+    gpus = [g for g in tier_names() if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
     return tuple(optimizer.rank_tiers(model, tr, slo, gpus=gpus, prices=dict(prices), quantization=quantization,
                                       kv_cache_dtype=kv_dtype, vllm_version=version))
 
@@ -253,4 +253,4 @@ def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None
 def _tier(t: Any) -> TierOption:
     """`exporter.model.optimizer.Tier` -> the drift engine's own small value."""
     return TierOption(gpu=t.gpu, tp=int(t.tp), replicas=int(t.replicas),
-                      dollars_per_hour=float(t.dollars_per_hour), meets_slo=bool(t.meets_slo))
+                      dollars_per_hour=float(t.dollars_per_hour), meets_slo=t.meets_slo is not False)
