@@ -157,7 +157,14 @@ class Setup:
         v0 = version < V1_DEFAULT
         if v0:
             seqs = max_num_seqs or 256
-            chunked = mml > 32768  # V0 turned chunked prefill on only for long contexts
+            # V0 turned chunked prefill on by itself only for contexts > 32k, and not for models
+            # with a sliding window, multimodal models or (late V0) MLA (vllm/engine/arg_utils.py
+            # create_engine_config: "Chunked prefill is enabled by default for models with
+            # max_model_len > 32K", guarded by `not use_sliding_window`, `is_multimodal_model`,
+            # `use_mla`). Without it the profile run is ONE prefill of max(max_model_len, 2048)
+            # tokens, whose activations can leave little for the KV cache.
+            chunked = (mml > 32768 and not arch.sliding_window and not arch.extra_params
+                       and arch.attention != "mla")
             mnbt = max_num_batched_tokens or (512 if chunked else max(mml, 2048))
         else:
             chunked = True

@@ -165,3 +165,15 @@ def test_when_max_num_seqs_binds_all_the_wait_is_before_the_first_token():
     assert cap == 16 and op.queue_wait_s > 0
     light, _ = _over(128, 128, 1.0, max_num_seqs=16)
     assert op.tpot_s == pytest.approx(light.tpot_s, rel=0.05)
+
+
+def test_v0_chunked_prefill_default_skips_sliding_window_models():
+    # V0 enabled chunked prefill by itself above 32k context, except for sliding-window models:
+    # those profiled one prefill of the whole max_model_len
+    dense = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "A100-80GB", vllm_version="0.6.3")
+    swa = Setup.build("openai/gpt-oss-20b", "A100-80GB", vllm_version="0.6.3")
+    assert dense.enable_chunked_prefill and dense.max_num_batched_tokens == 512
+    assert not swa.enable_chunked_prefill
+    assert swa.max_num_batched_tokens == swa.max_model_len == 131072
+    # V1 chunks every model
+    assert Setup.build("openai/gpt-oss-20b", "A100-80GB", vllm_version="0.10.0").enable_chunked_prefill
