@@ -227,7 +227,29 @@ def weights_bytes(setup: Setup, stage: int = 0) -> float:
             total += emb / tp
     # the rotary cos/sin cache, [max_position_embeddings, rotary_dim] in the model dtype, on
     # every rank (2.5 GiB for Llama 4's 10M positions: its "Model loading took" 53.12 GiB at TP4)
+    total *= _checkpoint_scale(setup)
     return total + m.max_position_embeddings * m.rotary_dim * native
+
+
+def _checkpoint_scale(setup: Setup) -> float:
+    """Exact checkpoint size over the size derived from config fields, when the architecture
+    carries the safetensors byte count (`weight_bytes`, read defensively: the field is added by
+    model resolution) and the weights load as stored (no runtime quantization, native dtype).
+    The per-rank split stays the derived one; only the total is corrected."""
+    m = setup.model
+    exact = getattr(m, "weight_bytes", None)
+    if not exact or setup.quantization != m.quantization or setup.dtype != m.native_dtype:
+        return 1.0
+    linear, experts, other = m.layer_params()
+    q = QUANT_BYTES_PER_PARAM.get(m.quantization) if m.quantization else None
+    native = setup.dtype_bytes
+    if m.quantization == "mxfp4":
+        lin = (linear - experts) * native + experts * q
+    else:
+        lin = linear * (q if q is not None else native)
+    emb = m.vocab_size * m.hidden_size * native * (1 if m.tie_word_embeddings else 2)
+    derived = lin + (other + m.extra_params) * native + emb
+    return float(exact) / derived if derived > 0 else 1.0
 
 
 def activation_bytes(setup: Setup, stage: int = 0) -> float:

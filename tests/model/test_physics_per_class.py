@@ -177,3 +177,21 @@ def test_v0_chunked_prefill_default_skips_sliding_window_models():
     assert swa.max_num_batched_tokens == swa.max_model_len == 131072
     # V1 chunks every model
     assert Setup.build("openai/gpt-oss-20b", "A100-80GB", vllm_version="0.10.0").enable_chunked_prefill
+
+
+def test_an_exact_checkpoint_size_rescales_the_derived_weights_when_loaded_as_stored():
+    s = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100", tp=2, max_model_len=8192)
+    rope = s.model.max_position_embeddings * s.model.rotary_dim * s.dtype_bytes
+    derived = weights_bytes(s) - rope
+    # a model object that carries the safetensors byte count (added by model resolution):
+    # 2 % more than the config fields derive -> every rank holds 2 % more
+    linear, _, other = s.model.layer_params()
+    total = (linear + other) * 2 + 2 * s.model.vocab_size * s.model.hidden_size * 2
+
+    class Exact(type(s.model)):
+        weight_bytes = total * 1.02
+    exact_model = Exact(**{f.name: getattr(s.model, f.name) for f in fields(s.model)})
+    assert weights_bytes(s.with_(model=exact_model)) - rope == pytest.approx(derived * 1.02, rel=1e-9)
+    # runtime quantization loads something else than the checkpoint: no correction
+    q = s.with_(model=exact_model, quantization="fp8")
+    assert weights_bytes(q) == pytest.approx(weights_bytes(s.with_(quantization="fp8")), rel=1e-12)
