@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import CatalogError, InputError
+from exporter.model.calibrate import fit_setup as fit_calibration, read_rows
+from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
@@ -52,9 +54,16 @@ DEFAULT_OUTPUT_TOKENS = 256
 ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("setup", ("--model",), dict(metavar="ID|PATH", help="catalog id (e.g. meta-llama/Llama-3.1-8B-Instruct; "
                                  "see `vllm-drift catalog models`) or a local config.json / model dir")),
-    ("setup", ("--gpu",), dict(metavar="NAME", help="GPU catalog name or alias (H100, L40S-48GB, ...; "
-                               "see `vllm-drift catalog gpus`)")),
-    ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the catalog)")),
+    ("setup", ("--gpu",), dict(metavar="NAME", help="GPU catalog name, alias or the name nvidia-smi/amd-smi prints "
+                               "(H100, L40S-48GB, 'Tesla V100-SXM2-32GB', ...; see `vllm-drift catalog gpus`)")),
+    ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the "
+                                          "catalog; without --gpu, or with an unknown one, describes the device)")),
+    ("setup", ("--gpu-bandwidth-gbs",), dict(type=float, metavar="GBS", help="memory bandwidth per GPU, GB/s "
+                                             "(overrides the catalog or describes an unknown device)")),
+    ("setup", ("--gpu-tflops",), dict(type=float, metavar="TFLOPS", help="dense FP16/BF16 TFLOPS per GPU "
+                                      "(overrides the catalog or describes an unknown device)")),
+    ("setup", ("--gpu-file",), dict(metavar="FILE", help="YAML rows adding or overriding GPUs (schema of the "
+                                    "`gpus:` config section, see docs/gpus.md)")),
     ("setup", ("--tp",), dict(type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")),
     ("setup", ("--pp",), dict(type=int, default=1, metavar="N", help="pipeline-parallel size (default 1)")),
     ("setup", ("--dtype",), dict(default="auto", metavar="DTYPE", help="model dtype: auto, bfloat16, float16, float32")),
@@ -84,6 +93,9 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("SLOs and speculation", ("--spec-tokens",), dict(type=int, default=0, metavar="K",
                                                       help="speculative tokens per step (0: judge k=3 EAGLE across acceptance 0.3-0.9)")),
     ("SLOs and speculation", ("--spec-acceptance",), dict(type=float, metavar="F", help="measured per-token draft acceptance rate")),
+    ("calibration", ("--calibrate",), dict(action="append", default=[], metavar="FILE.csv",
+                                           help="measured rows (columns of throughput-observations.csv, as `sweep --out` "
+                                                "writes) that fit the step-time model before predicting; repeatable")),
     ("output", ("--sweep",), dict(metavar="PARAM", choices=tradeoff.PARAMS,
                                   help="trade-off table for one parameter: " + ", ".join(tradeoff.PARAMS))),
     ("output", ("--html",), dict(metavar="FILE", type=Path, help="write a self-contained HTML report with plots "
@@ -194,8 +206,10 @@ def build_setup(args: argparse.Namespace) -> Setup:
 
 
 def _build_setup(args: argparse.Namespace) -> Setup:
+    gpu = device_for_cli(args.gpu, gpu_file=args.gpu_file, memory_gib=args.gpu_memory_gib,
+                         bandwidth_gbs=args.gpu_bandwidth_gbs, tflops=args.gpu_tflops)
     return Setup.build(
-        args.model, args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        args.model, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -264,13 +278,22 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
 
 
 def performance_sections(setup: Setup, args: argparse.Namespace, inp: Inputs) -> dict[str, Any]:
-    """`traffic`, `predicted`, `recommendation`, `speculative_decoding`, `tiers`, `notes`."""
-    return performance_report(
+    """`traffic`, `predicted`, `recommendation`, `speculative_decoding`, `tiers`, `notes`; with
+    `--calibrate`, fitted on the measured rows first (and a `calibration` section)."""
+    fit, notes = None, []
+    if args.calibrate:
+        fit, notes = fit_calibration(setup, read_rows(args.calibrate), quantization=args.quantization)
+    doc = performance_report(
         setup, prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
         prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,
         concurrency=args.concurrency, rate=args.rate, prefix_hit_ratio=inp.prefix_hit_ratio,
         ttft_slo=inp.ttft_slo, tpot_slo=inp.tpot_slo, spec_tokens=args.spec_tokens,
-        spec_acceptance=args.spec_acceptance)
+        spec_acceptance=args.spec_acceptance,
+        calibration=fit.calibration if fit is not None and fit.rows_used and not fit.rejected else None)
+    if fit is not None:
+        doc["calibration"] = fit.as_dict()
+        doc["notes"] = notes + doc.get("notes", [])
+    return doc
 
 
 def profile_section(inp: Inputs) -> dict[str, Any] | None:
@@ -311,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_profiles:
         out.print_profiles(json_out=args.json)
         return 0
-    missing = [f for f in ("model", "gpu") if not getattr(args, f)]
+    missing = [f for f in ("model", "gpu") if not getattr(args, f) and not (f == "gpu" and args.gpu_memory_gib)]
     if missing:
         raise InputError("missing " + " and ".join(f"--{m}" for m in missing)
                          + " (see `vllm-drift catalog models|gpus`)")
