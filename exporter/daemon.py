@@ -189,6 +189,8 @@ class Daemon:
         for url in list(self.targets):
             if url not in wanted:
                 log.info("target removed", target=url)
+                for model_name in self.targets[url].pipelines:
+                    self.pipelines.calibration.forget(url, model_name)
                 del self.targets[url]
         gpus = None
         if self.dcgm is not None:
@@ -290,6 +292,7 @@ class Daemon:
         for gone in set(st.pipelines) - seen:
             st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
+            self.pipelines.calibration.forget(url, gone)
 
     @staticmethod
     def _restarted(st: TargetState, snaps: list[Snapshot]) -> bool:

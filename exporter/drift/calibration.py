@@ -34,9 +34,11 @@ log = structlog.get_logger("vllm_drift")
 CONFIDENT_SIGMA = 0.05
 # A window needs this many requests behind its TPOT mean to be a measurement.
 MIN_REQUESTS = 20
-# One pool folds in at most one measurement per this many seconds (the cost of an update is a
-# few dozen model evaluations; a large pool has more data than it needs).
-POOL_UPDATE_INTERVAL_S = 30.0
+# Each target contributes at most one measurement per this many seconds, and a pool folds in at
+# most POOL_UPDATES_PER_INTERVAL per interval (an update costs a few dozen model evaluations; a
+# large pool has more data than it needs, and the CPU goes to the fleet's scrapes instead).
+UPDATE_INTERVAL_S = 30.0
+POOL_UPDATES_PER_INTERVAL = 8
 
 
 def pool_key(setup: Setup) -> str:
@@ -70,7 +72,8 @@ class FleetCalibration:
         self.pools: dict[str, OnlineCalibration] = {}
         self.rows: list[Row] = list(rows)
         self.seen: dict[tuple[str, str], float] = {}        # (target, model) -> lifetime TPOT count
-        self.last_update: dict[str, float] = {}             # pool -> time of its last update
+        self.last_update: dict[tuple[str, str], float] = {}  # (target, model) -> its last update
+        self.recent: dict[str, list[float]] = {}             # pool -> times of its recent updates
 
     def set_rows(self, rows: Sequence[Row]) -> None:
         """New offline rows (a config reload): pools not yet seeded by live data are re-seeded."""
@@ -115,13 +118,17 @@ class FleetCalibration:
             return predict(setup, traffic, concurrency=conc, calibration=cal)
 
         new = self._new_requests(target, model_name, window_requests, lifetime_requests)
-        due = one_shot or now - self.last_update.get(key, -math.inf) >= POOL_UPDATE_INTERVAL_S
+        recent = [t for t in self.recent.get(key, ()) if now - t < UPDATE_INTERVAL_S]
+        self.recent[key] = recent
+        due = one_shot or (now - self.last_update.get((target, model_name), -math.inf) >= UPDATE_INTERVAL_S
+                           and len(recent) < POOL_UPDATES_PER_INTERVAL)
         if tpot_mean and tpot_mean > 0 and new >= MIN_REQUESTS and due:
             meas = Measurement(at, float(tpot_mean), None, weight=min(new, window_requests or new))
             before = filt.rejected
             if filt.update(prior, meas):
                 self.seen[(target, model_name)] = lifetime_requests if lifetime_requests is not None else 0.0
-                self.last_update[key] = now
+                self.last_update[(target, model_name)] = now
+                recent.append(now)
                 if target not in filt.targets:
                     filt.targets.append(target)
             elif filt.rejected > before:
@@ -157,6 +164,7 @@ class FleetCalibration:
 
     def forget(self, target: str, model_name: str) -> None:
         self.seen.pop((target, model_name), None)
+        self.last_update.pop((target, model_name), None)
 
     # ------------------------------------------------------------------ state
     def to_dict(self) -> dict[str, Any]:
