@@ -194,6 +194,8 @@ class Daemon:
         for url in list(self.targets):
             if url not in wanted:
                 self.narrator.removed(url)
+                for model_name in self.targets[url].pipelines:
+                    self.pipelines.calibration.forget(url, model_name)
                 del self.targets[url]
         gpus = None
         if self.dcgm is not None:
@@ -304,6 +306,7 @@ class Daemon:
             st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
             self.narrator.forget(url, gone)
+            self.pipelines.calibration.forget(url, gone)
 
     @staticmethod
     def _restarted(st: TargetState, snaps: list[Snapshot]) -> bool:
@@ -546,7 +549,8 @@ class Daemon:
             return
         try:
             n, windows = self.pipelines.restore(doc)
-            log.info("state restored", findings_trackers=n, windows=windows)
+            log.info("state restored", findings_trackers=n, windows=windows,
+                     calibration_pools=len(self.pipelines.calibration.pools))
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             self.state_store.error("load", f"unusable state: {exc}")
             self.state_store.set_aside()
