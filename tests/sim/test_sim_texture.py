@@ -118,7 +118,7 @@ def test_length_stops_params_max_tokens_and_buckets_match_the_real_capture():
 def test_max_tokens_bound_stops_on_length_below_the_context():
     rows, st = _poll("max-tokens-bound", seconds=120)
     m = st.engine.metrics
-    assert m.finished["length"] > 2 * m.finished["stop"] > 0
+    assert m.finished["length"] > 0 and m.finished["stop"] == 0       # all stop on max_tokens
     assert m.counters["preemptions"] == 0
     h = m.hist["params_max_tokens"]
     assert h.count == sum(m.finished.values()) and h.sum == 512 * h.count
