@@ -123,17 +123,23 @@ def _mmss(s: float) -> str:
     return f"{s} s" if s < 60 else f"{s // 60}:{s % 60:02d}"
 
 
-def render(rows: list[Row], elapsed: float, *, daemon: str, remaining: float | None) -> Group:
-    """The live view: header with the daemon's URLs, then one row per simulated server."""
+def render(rows: list[Row], elapsed: float, *, daemon: str, remaining: float | None,
+           width: int = WIDTH) -> Group:
+    """The live view: header with the daemon's URLs, then one row per simulated server. At 100
+    columns the other findings have their own column; narrower (down to 80) they are listed
+    under the injected ones, so no name or URL is ever cut."""
+    wide = width >= WIDTH - 1
     stop = "Ctrl-C to stop" if remaining is None else f"stops in {_mmss(remaining)}"
     head = Text.assemble(("vllm-drift demo", "bold"), f" — {elapsed:4.0f} s — {stop}")
-    urls = Text(f"daemon: {daemon}/metrics  {daemon}/api/v1/findings", style="dim")
+    urls = Text(f"daemon: {daemon}/metrics\n        {daemon}/api/v1/findings", style="dim")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False,
-                  caption="findings at warning or above; red = critical, yellow = warning",
+                  caption="findings at warning or above; red = critical, yellow = warning"
+                          + ("" if wide else "; + = also reported"),
                   caption_justify="left")
     table.add_column("scenario / server", width=26, min_width=26, no_wrap=True)
     table.add_column("injected (✓ seen)", width=24, min_width=24)
-    table.add_column("also reported", width=22, min_width=22)
+    if wide:
+        table.add_column("also reported", width=22, min_width=22)
     table.add_column("verdict", width=16, min_width=16, no_wrap=True)
     for r in rows:
         who = Text(r.name + "\n", style="bold")
@@ -147,12 +153,16 @@ def render(rows: list[Row], elapsed: float, *, daemon: str, remaining: float | N
         other = Text()
         extra = [f for f in r.loud if f not in r.truth]
         for i, f in enumerate(extra):
-            if i:
+            if i or not wide:
                 other.append("\n")
-            other.append(f, style=_sev_style(r.loud[f]) if f not in r.acceptable else "dim")
-        if not extra:
+            other.append(("" if wide else "+ ") + f,
+                         style=_sev_style(r.loud[f]) if f not in r.acceptable else "dim")
+        if wide and not extra:
             other.append("—" if r.evaluated else "(not evaluated yet)", style="dim")
-        table.add_row(who, inj, other, r.verdict(elapsed))
+        if wide:
+            table.add_row(who, inj, other, r.verdict(elapsed))
+        else:
+            table.add_row(who, inj + other, r.verdict(elapsed))
     return Group(head, urls, table)
 
 
@@ -188,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     bindings = [("127.0.0.1", p, Endpoint(st)) for p, st in zip(ports, states)]
     logs.configure("console", "warning")
     interactive = sys.stdout.isatty()
-    console = Console(width=min(WIDTH, Console().width) if interactive else WIDTH,
+    console = Console(width=max(80, min(WIDTH, Console().width)) if interactive else WIDTH,
                       force_terminal=interactive, highlight=False)
 
     sim = SimThread(bindings, states)
@@ -228,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
             def view():
                 el = time.monotonic() - t0
                 rem = None if deadline is None else deadline - time.monotonic()
-                return render(rows, el, daemon=base, remaining=rem)
+                return render(rows, el, daemon=base, remaining=rem, width=console.width)
 
             async def poll(client) -> None:
                 try:

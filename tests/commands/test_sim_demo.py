@@ -57,17 +57,18 @@ def test_table_fits_100_columns_with_the_longest_names_whole():
         loud = [f for f in FINDINGS if f not in ("insufficient_data", "unavailable")]
         row.update({"model_name": "m", "findings": [{"finding": f, "severity": "warning"} for f in loud]}, 10.0)
         rows.append(row)
-    buf = io.StringIO()
-    Console(file=buf, width=WIDTH).print(render(rows, 3599.0, daemon="http://127.0.0.1:65535",
-                                                remaining=3599.0))
-    text = buf.getvalue()
-    assert max(len(line) for line in text.splitlines()) <= WIDTH
-    assert "…" not in text
-    words = set(re.findall(r"[\w.:/-]+", text))
-    for r in rows:
-        assert r.name in words and r.url in words
-        for f in loud:
-            assert f in words, f                              # never cut or folded
+    for width in (WIDTH, 80):                                 # and a narrow terminal
+        buf = io.StringIO()
+        Console(file=buf, width=width).print(render(rows, 3599.0, daemon="http://127.0.0.1:65535",
+                                                    remaining=3599.0, width=width))
+        text = buf.getvalue()
+        assert max(len(line) for line in text.splitlines()) <= width
+        assert "…" not in text
+        words = set(re.findall(r"[\w.:/-]+", text))
+        for r in rows:
+            assert r.name in words and r.url in words
+            for f in loud:
+                assert f in words, (width, f)                 # never cut or folded
     # the verdicts: a promise kept, due, late; a healthy server clean, then healthy
     r = Row("x", "u", ("kv_pressure",), (), 60.0)
     assert str(r.verdict(10)) == "due in 50 s" and str(r.verdict(75)) == "late by 15 s"
