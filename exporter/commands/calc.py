@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "calc", help="predict KV capacity, latency and the best configuration for a model/GPU",
         description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, metavar="ID|PATH",
-                   help="catalog id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a local config.json / model dir")
+                   help="Hugging Face id (read from the HF cache, else the Hub unless HF_HUB_OFFLINE=1), "
+                        "a local config.json / model dir, or a catalog id")
     p.add_argument("--gpu", required=True, metavar="NAME", help="GPU catalog name or alias (H100, L40S-48GB, ...)")
     p.add_argument("--gpu-memory-gib", type=float, metavar="F", help="total memory per GPU (overrides the catalog)")
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")
@@ -50,9 +51,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def resolve(args: argparse.Namespace):
+    """`--model` through the resolution chain (exporter/model/resolve.py), once per run."""
+    from exporter.model.resolve import resolve_model
+    if getattr(args, "_resolved", None) is None:
+        args._resolved = resolve_model(args.model)
+    return args._resolved
+
+
 def build_setup(args: argparse.Namespace) -> Setup:
     return Setup.build(
-        args.model, args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        resolve(args).arch, args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -141,7 +150,8 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
 def run(args: argparse.Namespace) -> int:
     _validate_traffic(args)
     setup, cap, notes = fit_setup(args)
-    doc = kv_sections(setup, cap)
+    doc = {"model": resolve(args).as_dict()}
+    doc.update(kv_sections(setup, cap))
     doc.update(performance_sections(setup, args))
     if notes:
         doc["notes"] = notes
@@ -182,7 +192,12 @@ def _fmt(v: Any) -> str:
 
 def render(doc: dict[str, Any]) -> str:
     s = doc["setup"]
-    out = [_table(f"Setup: {s['model']} on {s['tp'] * s['pp']} x {s['gpu']}", list(s.items())[2:])]
+    out = []
+    if isinstance(doc.get("model"), dict):
+        m = doc["model"]
+        out.append(f"Model config: {m['source']} (via {m['via']}: {m['name']})\n"
+                   + "".join(f"  - {n}\n" for n in m.get("notes") or []) + "\n")
+    out += [_table(f"Setup: {s['model']} on {s['tp'] * s['pp']} x {s['gpu']}", list(s.items())[2:])]
     kv = doc["kv_cache"]
     out.append(_table("KV cache (as vLLM logs it at startup)", [
         ("GPU KV cache size (tokens)", kv["tokens"]), ("GPU blocks", kv["gpu_blocks"]),

@@ -194,6 +194,9 @@ def weights_bytes(setup: Setup, stage: int = 0) -> float:
         linear_bytes = linear * qbytes
     else:
         linear_bytes = linear * native
+    exact = m.checkpoint_lm_bytes(native) if q == m.quantization else None
+    if exact is not None and q != "mxfp4":  # safetensors headers (exporter/model/weights.py)
+        linear_bytes, other = exact, 0
     share = _stage_layers(m.num_layers, pp)[stage] / m.num_layers
     padded_vocab = math.ceil(m.vocab_size / (64 * tp)) * 64 * tp
     emb = padded_vocab * m.hidden_size * native

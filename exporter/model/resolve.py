@@ -1,0 +1,320 @@
+"""Find a served model's config.json the way vLLM does, and say which source answered.
+
+Why: the calculator and the daemon can only predict for a model whose architecture they know.
+vLLM itself loads `config.json` from a local directory or from the Hugging Face Hub (through the
+HF cache), so the same sources answer here, in this order:
+
+1. an explicit hint (`--model`, `targets[].model`, a `model` label): a local `config.json` or
+   model directory, an exact catalog id (or alias), or a Hub id looked up in 3 and 4;
+2. what the server says: `/v1/models` gives the served name and its `root` (vLLM's `--model`
+   argument): a local path the sidecar reads when it mounts the same model volume, or a Hub id;
+3. the local Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else ~/.cache/huggingface/hub;
+   the `models--org--name/snapshots/<rev>/` layout vLLM hosts have), read without the network;
+4. the Hub through `huggingface_hub` (config.json, then the safetensors headers for the exact
+   weight bytes), with a timeout, the token from the environment (HF_TOKEN), the download kept in
+   the HF cache, and off when HF_HUB_OFFLINE=1 or `huggingface.offline: true`;
+5. the shipped catalog last, by exact id or by name (a quantized or renamed variant of a catalog
+   model); a match by name says so in the notes, since the architecture is assumed.
+
+The seam the daemon calls: `resolve_model(hint, served_name, root, settings=...)` returns a
+`ResolvedModel` (arch, source, notes) or raises `CatalogError` with one line naming what was
+tried. It may do network I/O (step 4), so call it off the event loop; results are cached per
+(hint, served name, root, settings) for the process, failures for `settings.retry_seconds`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from exporter.errors import CatalogError, InputError
+from exporter.model import weights as weights_mod
+from exporter.model.architectures import ModelArch, arch_from_config, catalog_lookup
+from exporter.model.architectures import resolve_model as catalog_resolve
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """Where and whether to look for configs. None fields fall back to the environment
+    (HF_HUB_OFFLINE, HF_ENDPOINT, HF_HUB_CACHE / HF_HOME) at call time, as huggingface_hub does."""
+
+    offline: bool | None = None
+    endpoint: str | None = None
+    timeout: float = 10.0
+    cache_dir: str | None = None
+    weights: bool = True             # read safetensors headers for exact weight bytes
+    retry_seconds: float = 300.0     # how long a failed resolution is remembered
+
+    def is_offline(self) -> bool:
+        if self.offline is not None:
+            return self.offline
+        return any(os.environ.get(k, "").strip().lower() in _TRUE
+                   for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+    def hub_endpoint(self) -> str:
+        return (self.endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+    def hub_cache(self) -> Path:
+        if self.cache_dir:
+            return Path(self.cache_dir).expanduser()
+        if os.environ.get("HF_HUB_CACHE"):
+            return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+        return Path(home).expanduser() / "hub"
+
+    @classmethod
+    def from_config(cls, section: Any) -> "HubSettings":
+        """From the config file's `huggingface:` section (exporter.config.HuggingFaceConfig)."""
+        if section is None:
+            return cls()
+        return cls(offline=section.offline, endpoint=section.endpoint, timeout=section.timeout,
+                   cache_dir=section.cache_dir, weights=section.weights)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model's architecture and where it came from.
+
+    source: "local" (a directory or config.json on disk), "hf-cache", "hub" or "catalog";
+    via: which input named it, "hint", "root" (/v1/models root) or "served_name"."""
+
+    arch: ModelArch
+    source: str
+    via: str
+    name: str
+    notes: tuple[str, ...] = field(default=())
+
+    def describe(self) -> str:
+        return f"{self.source} (via {self.via}: {self.name})"
+
+    def as_dict(self) -> dict[str, Any]:
+        w = self.arch.weights
+        return {"name": self.name, "source": self.source, "via": self.via,
+                "config": self.arch.source, "model_type": self.arch.model_type,
+                "quantization": self.arch.quantization,
+                "checkpoint_bytes": w.total_bytes if w else None,
+                "notes": list(self.notes)}
+
+
+# ---- one source at a time -------------------------------------------------------------------
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: config.json is not a JSON object")
+    return data
+
+
+def _from_config_file(path: Path, name: str, *, settings: HubSettings,
+                      notes: list[str]) -> ModelArch:
+    """Arch from a config.json on disk; exact weights from the safetensors beside it."""
+    arch = arch_from_config(_read_json(path), name=name, where=str(path))
+    if settings.weights:
+        try:
+            info = weights_mod.from_local_dir(path.parent, num_layers=arch.num_layers)
+        except (OSError, ValueError) as exc:
+            notes.append(f"safetensors headers unreadable ({exc}); weight bytes from config fields")
+            info = None
+        if info is not None:
+            arch = _with_weights(arch, info)
+    return arch
+
+
+def _with_weights(arch: ModelArch, info: weights_mod.WeightInfo) -> ModelArch:
+    extra = info.tower_params or arch.extra_params
+    return replace(arch, weights=info, extra_params=extra)
+
+
+def _is_path(name: str) -> bool:
+    return (name.startswith(("/", "./", "../", "~")) or name.endswith(".json")
+            or os.path.exists(os.path.expanduser(name)))
+
+
+def _try_local(name: str, settings: HubSettings, notes: list[str], tried: list[str]) -> ModelArch | None:
+    p = Path(os.path.expanduser(name))
+    cfg = p / "config.json" if p.is_dir() else p
+    if not cfg.is_file():
+        tried.append(f"no config.json at {cfg}")
+        return None
+    return _from_config_file(cfg, name, settings=settings, notes=notes)
+
+
+def _try_cache(repo_id: str, settings: HubSettings, notes: list[str], tried: list[str]) -> ModelArch | None:
+    from huggingface_hub import try_to_load_from_cache
+    cache = settings.hub_cache()
+    try:
+        hit = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache))
+    except Exception as exc:  # huggingface_hub validation errors (a name that is not a repo id)
+        tried.append(f"not a Hub id ({exc.__class__.__name__})")
+        return None
+    if not isinstance(hit, str):
+        tried.append(f"not in HF cache at {cache}")
+        return None
+    return _from_config_file(Path(hit), repo_id, settings=settings, notes=notes)
+
+
+def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[str]) -> ModelArch | None:
+    if settings.is_offline():
+        tried.append("hub offline")
+        return None
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    endpoint = settings.hub_endpoint()
+    try:
+        # one HEAD without retries first: hf_hub_download retries unreachable hosts five times
+        # with backoff (~25 s), too long for a daemon's resolution or a CLI answer
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json", endpoint=endpoint),
+                             timeout=settings.timeout)
+        path = hf_hub_download(repo_id, "config.json", cache_dir=str(settings.hub_cache()),
+                               endpoint=endpoint, etag_timeout=settings.timeout)
+    except Exception as exc:  # not found, gated, unreachable, timed out: one line, keep going
+        tried.append(f"hub {endpoint}: {_short(exc)}")
+        return None
+    arch = arch_from_config(_read_json(Path(path)), name=repo_id, where=f"{endpoint}/{repo_id}/config.json")
+    info = None
+    if settings.weights:
+        # the shards may already be in the cache (a host that ran vLLM); else the Hub's headers
+        info = weights_mod.from_local_dir(Path(path).parent, num_layers=arch.num_layers)
+        if info is None:
+            try:
+                meta = HfApi(endpoint=endpoint).get_safetensors_metadata(repo_id, timeout=settings.timeout)
+                info = weights_mod.from_hub_metadata(meta, num_layers=arch.num_layers,
+                                                     where=f"{endpoint}/{repo_id} safetensors headers")
+            except Exception as exc:
+                notes.append(f"no safetensors metadata from the hub ({_short(exc)}); "
+                             "weight bytes from config fields")
+    return _with_weights(arch, info) if info is not None else arch
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or exc.__class__.__name__
+    return f"{exc.__class__.__name__}: {text[:160]}"
+
+
+def _try_catalog_exact(name: str, notes: list[str]) -> ModelArch | None:
+    hit = catalog_lookup(name)
+    if hit is None:
+        return None
+    model_id, alias = hit
+    if alias:  # e.g. a base model listed under its Instruct entry: the catalog says they share fields
+        notes.append(f"{name} is listed in the catalog as an alias of {model_id} (same config.json fields)")
+    return catalog_resolve(model_id)
+
+
+def _try_catalog_by_name(name: str, notes: list[str], tried: list[str]) -> ModelArch | None:
+    try:
+        arch = catalog_resolve(name)
+    except InputError:
+        tried.append("not a catalog id")
+        return None
+    m = re.search(r"huggingface\.co/([^/\s]+/[^/\s]+)", arch.source or "")
+    entry = m.group(1) if m else (arch.source or arch.name)
+    notes.append(f"matched by name to catalog entry {entry}: architecture assumed "
+                 f"identical (give a config.json, the HF cache or hub access for the model's own)")
+    return arch
+
+
+# ---- the chain -------------------------------------------------------------------------------
+
+_cache: dict[tuple, tuple[float, ResolvedModel | CatalogError]] = {}
+_lock = threading.Lock()
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()
+
+
+def resolve_model(hint: str | None, served_name: str | None = None, root: str | None = None, *,
+                  settings: HubSettings | None = None) -> ResolvedModel:
+    """The first source that knows the model, in vLLM's order (module docstring).
+    Raises CatalogError: `no config for X: not a catalog id, not in HF cache at ..., hub offline`."""
+    settings = settings or HubSettings()
+    key = (hint, served_name, root, settings, settings.is_offline(), str(settings.hub_cache()),
+           settings.hub_endpoint())
+    now = time.monotonic()
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None and (isinstance(hit[1], ResolvedModel) or now - hit[0] < settings.retry_seconds):
+        if isinstance(hit[1], CatalogError):
+            raise hit[1]
+        return hit[1]
+    try:
+        result: ResolvedModel | CatalogError = _resolve(hint, served_name, root, settings)
+    except CatalogError as exc:
+        result = exc
+    with _lock:
+        if len(_cache) > 4096:
+            _cache.clear()
+        _cache[key] = (now, result)
+    if isinstance(result, CatalogError):
+        raise result
+    return result
+
+
+def _resolve(hint: str | None, served_name: str | None, root: str | None,
+             settings: HubSettings) -> ResolvedModel:
+    names = [(v, n.strip()) for v, n in (("hint", hint), ("root", root), ("served_name", served_name))
+             if isinstance(n, str) and n.strip()]
+    names = [(v, n) for i, (v, n) in enumerate(names) if n not in [m for _, m in names[:i]]]
+    if not names:
+        raise CatalogError("no model name to resolve: no hint, no served name, no /v1/models root")
+    tried: dict[str, list[str]] = {n: [] for _, n in names}
+    for via, name in names:
+        notes: list[str] = []
+        t = tried[name]
+        if _is_path(name):
+            arch = _try_local(name, settings, notes, t)
+            if arch is not None:
+                return _done(arch, "local", via, name, notes)
+            continue
+        if via == "hint":
+            arch = _try_catalog_exact(name, notes)
+            if arch is not None:
+                return _done(arch, "catalog", via, name, notes)
+        if not _HUB_ID.match(name):
+            t.append("not a Hub id")
+            continue
+        arch = _try_cache(name, settings, notes, t)
+        if arch is not None:
+            return _done(arch, "hf-cache", via, name, notes)
+        arch = _try_hub(name, settings, notes, t)
+        if arch is not None:
+            return _done(arch, "hub", via, name, notes)
+    for via, name in names:  # 5. the shipped catalog, last
+        if _is_path(name):
+            continue
+        notes = []
+        arch = _try_catalog_by_name(name, notes, tried[name])
+        if arch is not None:
+            return _done(arch, "catalog", via, name, notes)
+    for n in tried:  # the catalog first in the message, then the sources in the order tried
+        tried[n].sort(key=lambda t: t != "not a catalog id")
+    what = "; ".join(f"{n} ({', '.join(dict.fromkeys(tried[n]))})" if len(names) > 1
+                     else ", ".join(dict.fromkeys(tried[n])) for _, n in names)
+    label = names[0][1] if len(names) == 1 else " / ".join(n for _, n in names)
+    raise CatalogError(f"no config for {label}: {what}")
+
+
+def _done(arch: ModelArch, source: str, via: str, name: str, notes: list[str]) -> ResolvedModel:
+    all_notes = [*arch.notes, *notes]
+    w = arch.weights
+    if w is not None:
+        all_notes.append(f"weight bytes from safetensors headers ({w.files} file(s), "
+                         f"{w.total_bytes / 2**30:.2f} GiB stored)")
+    return ResolvedModel(arch=replace(arch, notes=tuple(all_notes)), source=source, via=via, name=name,
+                         notes=tuple(all_notes))
