@@ -333,6 +333,27 @@ KNOWN_MODEL_TYPES = frozenset({
 })
 
 
+def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[str, Any]) -> int:
+    """Parameters of a ViT-style tower and its projector from `vision_config`: per layer
+    attention 4h^2 and an MLP of 2 (or 3 when gated, SiLU) h x intermediate, a patch embedding
+    of channels x patch^2 x h, and a two-layer projector from h x merge^2 to the text width.
+    0 when the fields are missing (the tower is then left out, with no note)."""
+    try:
+        h = int(vc["hidden_size"])
+        layers = int(vc.get("num_hidden_layers") or vc.get("depth") or 0)
+        inter = int(vc.get("intermediate_size") or 4 * h)
+    except (KeyError, TypeError, ValueError):
+        return 0
+    if h <= 0 or layers <= 0:
+        return 0
+    gated = str(vc.get("hidden_act") or "").lower() in ("silu", "swiglu")
+    per_layer = 4 * h * h + (3 if gated else 2) * h * inter + 4 * h
+    patch = int(vc.get("num_channels") or 3) * int(vc.get("patch_size") or 14) ** 2 * h
+    merge = int(outer.get("spatial_merge_size") or 1)
+    projector = (h * merge * merge * h if merge > 1 else 0) + h * text_hidden + text_hidden * text_hidden
+    return layers * per_layer + patch + projector
+
+
 def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      extra_params: int = 0, quantization: str | None = None) -> ModelArch:
     """Build a ModelArch from a parsed HF config.json (nested text_config supported)."""
@@ -374,6 +395,9 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             notes.append(f"rope_scaling {kind or '?'} x{rope['factor']}: max_model_len {max_pos}")
         else:
             notes.append(f"rope_scaling {kind}: max_model_len stays max_position_embeddings {max_pos}")
+    elif isinstance(rope, Mapping) and (rope.get("rope_type") or rope.get("type")) not in (None, "default"):
+        notes.append(f"rope_scaling {rope.get('rope_type') or rope.get('type')}: max_model_len stays "
+                     f"max_position_embeddings {max_pos}")
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
     if n_experts:
@@ -410,6 +434,11 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     mla = cfg.get("kv_lora_rank") is not None
     types = _layer_types(cfg, model_type, n, where)
     dtype = str(_opt(cfg, "torch_dtype", "dtype", default=outer.get("torch_dtype") or "bfloat16"))
+    if not extra_params and isinstance(outer.get("vision_config"), Mapping):
+        extra_params = vision_tower_params(outer["vision_config"], hidden, outer)
+        if extra_params:
+            notes.append(f"vision tower + projector ~{extra_params / 1e6:.0f}M parameters estimated "
+                         "from vision_config (exact when the safetensors headers are read)")
     if quantization is None:
         quantization, qnote = quant_from_config(outer)
         if not qnote:
@@ -417,7 +446,8 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         if qnote:
             notes.append(f"quantization_config: {qnote}")
     if n_experts:
-        notes.append(f"MoE: {n_experts} routed experts (top-{k}), {shared} shared, "
+        notes.append(f"MoE: {n_experts} routed experts (top-{k}), "
+                     f"{shared or (1 if shared_inter else 0)} shared, "
                      f"{len(moe_layers)} of {n} layers sparse")
     if len(set(types)) > 1:
         notes.append("hybrid layers: " + ", ".join(f"{c} {t}" for t, c in Counter(types).items()))

@@ -5,7 +5,7 @@ vLLM itself loads `config.json` from a local directory or from the Hugging Face 
 HF cache), so the same sources answer here, in this order:
 
 1. an explicit hint (`--model`, `targets[].model`, a `model` label): a local `config.json` or
-   model directory, an exact catalog id (or alias), or a Hub id looked up in 3 and 4;
+   model directory, or a Hub id looked up in 3 and 4;
 2. what the server says: `/v1/models` gives the served name and its `root` (vLLM's `--model`
    argument): a local path the sidecar reads when it mounts the same model volume, or a Hub id;
 3. the local Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else ~/.cache/huggingface/hub;
@@ -13,8 +13,10 @@ HF cache), so the same sources answer here, in this order:
 4. the Hub through `huggingface_hub` (config.json, then the safetensors headers for the exact
    weight bytes), with a timeout, the token from the environment (HF_TOKEN), the download kept in
    the HF cache, and off when HF_HUB_OFFLINE=1 or `huggingface.offline: true`;
-5. the shipped catalog last, by exact id or by name (a quantized or renamed variant of a catalog
-   model); a match by name says so in the notes, since the architecture is assumed.
+5. the shipped catalog last, by name (a quantized or renamed variant of a catalog model); a match
+   by name says so in the notes, since the architecture is assumed. An *exact* catalog id or alias
+   answers between 3 and 4, so models the catalog knows never wait on the network (the HF cache,
+   holding the checkpoint's own config and weights, still wins).
 
 The seam the daemon calls: `resolve_model(hint, served_name, root, settings=...)` returns a
 `ResolvedModel` (arch, source, notes) or raises `CatalogError` with one line naming what was
@@ -218,8 +220,9 @@ def _try_catalog_exact(name: str, notes: list[str]) -> ModelArch | None:
 def _try_catalog_by_name(name: str, notes: list[str], tried: list[str]) -> ModelArch | None:
     try:
         arch = catalog_resolve(name)
-    except InputError:
-        tried.append("not a catalog id")
+    except InputError as exc:
+        _, _, close = str(exc).partition("closest catalog names: ")
+        tried.append("not a catalog id" + (f" (closest catalog names: {close})" if close and "see " not in close else ""))
         return None
     m = re.search(r"huggingface\.co/([^/\s]+/[^/\s]+)", arch.source or "")
     entry = m.group(1) if m else (arch.source or arch.name)
@@ -282,16 +285,16 @@ def _resolve(hint: str | None, served_name: str | None, root: str | None,
             if arch is not None:
                 return _done(arch, "local", via, name, notes)
             continue
-        if via == "hint":
-            arch = _try_catalog_exact(name, notes)
-            if arch is not None:
-                return _done(arch, "catalog", via, name, notes)
         if not _HUB_ID.match(name):
             t.append("not a Hub id")
             continue
         arch = _try_cache(name, settings, notes, t)
         if arch is not None:
             return _done(arch, "hf-cache", via, name, notes)
+        # an exact catalog id answers before the network: known models need no Hub round trip
+        arch = _try_catalog_exact(name, notes)
+        if arch is not None:
+            return _done(arch, "catalog", via, name, notes)
         arch = _try_hub(name, settings, notes, t)
         if arch is not None:
             return _done(arch, "hub", via, name, notes)
@@ -303,7 +306,7 @@ def _resolve(hint: str | None, served_name: str | None, root: str | None,
         if arch is not None:
             return _done(arch, "catalog", via, name, notes)
     for n in tried:  # the catalog first in the message, then the sources in the order tried
-        tried[n].sort(key=lambda t: t != "not a catalog id")
+        tried[n].sort(key=lambda t: not t.startswith("not a catalog id"))
     what = "; ".join(f"{n} ({', '.join(dict.fromkeys(tried[n]))})" if len(names) > 1
                      else ", ".join(dict.fromkeys(tried[n])) for _, n in names)
     label = names[0][1] if len(names) == 1 else " / ".join(n for _, n in names)
