@@ -175,6 +175,7 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
         tried.append("hub offline")
         return None
     from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.utils import disable_progress_bars
     endpoint = settings.hub_endpoint()
     try:
         # one HEAD without retries first: hf_hub_download retries unreachable hosts five times
@@ -193,18 +194,42 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
         info = weights_mod.from_local_dir(Path(path).parent, num_layers=arch.num_layers)
         if info is None:
             try:
-                meta = HfApi(endpoint=endpoint).get_safetensors_metadata(repo_id, timeout=settings.timeout)
-                info = weights_mod.from_hub_metadata(meta, num_layers=arch.num_layers,
-                                                     where=f"{endpoint}/{repo_id} safetensors headers")
+                info = _hub_weights(HfApi(endpoint=endpoint), repo_id, arch.num_layers, settings)
             except Exception as exc:
                 notes.append(f"no safetensors metadata from the hub ({_short(exc)}); "
                              "weight bytes from config fields")
     return _with_weights(arch, info) if info is not None else arch
 
 
+def _hub_weights(api: Any, repo_id: str, num_layers: int, settings: HubSettings) -> weights_mod.WeightInfo:
+    """Shard headers by HTTP range reads (`parse_safetensors_file_metadata`), the index kept in
+    our HF cache: what `HfApi.get_safetensors_metadata` does, minus its writes to the default cache."""
+    from huggingface_hub import hf_hub_download
+    try:
+        index = hf_hub_download(repo_id, "model.safetensors.index.json", cache_dir=str(settings.hub_cache()),
+                                endpoint=settings.hub_endpoint(), etag_timeout=settings.timeout)
+        shards = sorted(set((_read_json(Path(index)).get("weight_map") or {}).values()))
+    except Exception as exc:
+        if getattr(getattr(exc, "response", None), "status_code", None) != 404:
+            raise
+        shards = ["model.safetensors"]   # a single-file checkpoint
+    metas = [api.parse_safetensors_file_metadata(repo_id, f, timeout=settings.timeout) for f in shards]
+    return weights_mod.from_hub_metadata(metas, num_layers=num_layers,
+                                         where=f"{settings.hub_endpoint()}/{repo_id} safetensors headers")
+
+
+_HTTP_WHY = {401: "not found or unauthorized (private/gated models need HF_TOKEN)",
+             403: "forbidden (gated model: accept its licence and set HF_TOKEN)", 404: "not found"}
+
+
 def _short(exc: BaseException) -> str:
+    """One short clause for an error of huggingface_hub / httpx (no URLs, no newlines)."""
+    resp = getattr(exc, "response", None)
+    code = getattr(resp, "status_code", None)
+    if isinstance(code, int):
+        return f"HTTP {code} {_HTTP_WHY.get(code, '')}".strip()
     text = " ".join(str(exc).split()) or exc.__class__.__name__
-    return f"{exc.__class__.__name__}: {text[:160]}"
+    return f"{exc.__class__.__name__}: {text[:120]}"
 
 
 def _try_catalog_exact(name: str, notes: list[str]) -> ModelArch | None:

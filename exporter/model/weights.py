@@ -142,8 +142,8 @@ def from_local_dir(directory: str | Path, *, num_layers: int | None = None) -> W
     return summarize(triples, num_layers=num_layers, files=len(shards), where=str(d))
 
 
-def from_hub_metadata(meta: Any, *, num_layers: int | None, where: str) -> WeightInfo:
-    """From `huggingface_hub`'s SafetensorsRepoMetadata (the Hub's range-read headers)."""
+def from_hub_metadata(files: list[Any], *, num_layers: int | None, where: str) -> WeightInfo:
+    """From `huggingface_hub`'s SafetensorsFileMetadata of each shard (range-read headers)."""
     triples = [(name, str(t.dtype), int(prod(t.shape or [1])))
-               for fm in meta.files_metadata.values() for name, t in fm.tensors.items()]
-    return summarize(triples, num_layers=num_layers, files=len(meta.files_metadata), where=where)
+               for fm in files for name, t in fm.tensors.items()]
+    return summarize(triples, num_layers=num_layers, files=len(files), where=where)
