@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+
 from exporter.errors import CatalogError, InputError
 from exporter.model import weights as weights_mod
 from exporter.model.architectures import ModelArch, arch_from_config, catalog_lookup
@@ -157,7 +159,6 @@ def _try_local(name: str, settings: HubSettings, notes: list[str], tried: list[s
 
 
 def _try_cache(repo_id: str, settings: HubSettings, notes: list[str], tried: list[str]) -> ModelArch | None:
-    from huggingface_hub import try_to_load_from_cache
     cache = settings.hub_cache()
     try:
         hit = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache))
@@ -174,7 +175,6 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
     if settings.is_offline():
         tried.append("hub offline")
         return None
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
     from huggingface_hub.utils import disable_progress_bars
     endpoint = settings.hub_endpoint()
     try:
@@ -204,7 +204,6 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
 def _hub_weights(api: Any, repo_id: str, num_layers: int, settings: HubSettings) -> weights_mod.WeightInfo:
     """Shard headers by HTTP range reads (`parse_safetensors_file_metadata`), the index kept in
     our HF cache: what `HfApi.get_safetensors_metadata` does, minus its writes to the default cache."""
-    from huggingface_hub import hf_hub_download
     try:
         index = hf_hub_download(repo_id, "model.safetensors.index.json", cache_dir=str(settings.hub_cache()),
                                 endpoint=settings.hub_endpoint(), etag_timeout=settings.timeout)
@@ -224,6 +223,8 @@ _HTTP_WHY = {401: "not found or unauthorized (private/gated models need HF_TOKEN
 
 def _short(exc: BaseException) -> str:
     """One short clause for an error of huggingface_hub / httpx (no URLs, no newlines)."""
+    if exc.__class__.__name__ == "OfflineModeIsEnabled":
+        return "offline (HF_HUB_OFFLINE was set when huggingface_hub was loaded)"
     resp = getattr(exc, "response", None)
     code = getattr(resp, "status_code", None)
     if isinstance(code, int):
