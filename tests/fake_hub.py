@@ -58,6 +58,7 @@ class FakeHub:
     def __init__(self, repos: dict[str, dict[str, bytes]]):
         self.repos = repos
         self.requests: list[tuple[str, str, str | None]] = []
+        self.gate: threading.Event | None = None   # when set to an Event, answers wait for it
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -74,6 +75,8 @@ class FakeHub:
 
             def _serve(self, head: bool):
                 hub.requests.append((self.command, self.path, self.headers.get("Range")))
+                if hub.gate is not None:
+                    hub.gate.wait(10)
                 m = re.match(r"^/(?:api/models/)?(.+?)/resolve/([^/]+)/(.+?)(\?.*)?$", self.path)
                 if not m:
                     return self._error(404, "RepositoryNotFound", head)

@@ -20,8 +20,10 @@ HF cache), so the same sources answer here, in this order:
 
 The seam the daemon calls: `resolve_model(hint, served_name, root, settings=...)` returns a
 `ResolvedModel` (arch, source, notes) or raises `CatalogError` with one line naming what was
-tried. It may do network I/O (step 4), so call it off the event loop; results are cached per
-(hint, served name, root, settings) for the process, failures for `settings.retry_seconds`.
+tried. It may do network I/O (step 4), so an event loop calls `resolve_model_nowait` instead (answers
+from the local sources at once, runs the Hub lookup in a worker thread, None meanwhile). Results
+are cached per (hint, served name, root, settings) for the process, failures for
+`settings.retry_seconds`.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import os
 import re
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -273,15 +276,13 @@ def resolve_model(hint: str | None, served_name: str | None = None, root: str | 
     """The first source that knows the model, in vLLM's order (module docstring).
     Raises CatalogError: `no config for X: not a catalog id, not in HF cache at ..., hub offline`."""
     settings = settings or HubSettings()
-    key = (hint, served_name, root, settings, settings.is_offline(), str(settings.hub_cache()),
-           settings.hub_endpoint())
+    key = _key(hint, served_name, root, settings)
     now = time.monotonic()
-    with _lock:
-        hit = _cache.get(key)
-    if hit is not None and (isinstance(hit[1], ResolvedModel) or now - hit[0] < settings.retry_seconds):
-        if isinstance(hit[1], CatalogError):
-            raise hit[1]
-        return hit[1]
+    hit = _valid(key, settings)
+    if hit is not None:
+        if isinstance(hit, CatalogError):
+            raise hit
+        return hit
     try:
         result: ResolvedModel | CatalogError = _resolve(hint, served_name, root, settings)
     except CatalogError as exc:
@@ -295,8 +296,58 @@ def resolve_model(hint: str | None, served_name: str | None = None, root: str | 
     return result
 
 
+_pool: ThreadPoolExecutor | None = None
+_pending: dict[tuple, Future] = {}
+
+
+def resolve_model_nowait(hint: str | None, served_name: str | None = None, root: str | None = None, *,
+                         settings: HubSettings | None = None) -> ResolvedModel | None:
+    """For an event loop (the daemon's evaluation): answers at once from the sources that need no
+    network (local paths, the HF cache, exact catalog ids), else starts the full chain in a worker
+    thread and returns None until it has finished (call again at the next evaluation). Raises
+    CatalogError once every source failed (remembered for `settings.retry_seconds`)."""
+    global _pool
+    settings = settings or HubSettings()
+    key = _key(hint, served_name, root, settings)
+    with _lock:
+        fut = _pending.get(key)
+    if _valid(key, settings) or settings.is_offline():
+        return resolve_model(hint, served_name, root, settings=settings)  # no network
+    if fut is None:
+        try:
+            return _resolve(hint, served_name, root, replace(settings, offline=True), by_name=False)
+        except CatalogError:
+            pass
+        with _lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="model-resolve")
+            fut = _pending.setdefault(key, _pool.submit(resolve_model, hint, served_name, root,
+                                                        settings=settings))
+    if not fut.done():
+        return None
+    with _lock:
+        _pending.pop(key, None)
+    return fut.result()   # the same ResolvedModel / CatalogError resolve_model cached
+
+
+def _valid(key: tuple, settings: HubSettings) -> ResolvedModel | CatalogError | None:
+    """A cached answer: a success, or a failure younger than `settings.retry_seconds`."""
+    with _lock:
+        hit = _cache.get(key)
+    if hit is None:
+        return None
+    if isinstance(hit[1], ResolvedModel) or time.monotonic() - hit[0] < settings.retry_seconds:
+        return hit[1]
+    return None
+
+
+def _key(hint: str | None, served_name: str | None, root: str | None, settings: HubSettings) -> tuple:
+    return (hint, served_name, root, settings, settings.is_offline(), str(settings.hub_cache()),
+            settings.hub_endpoint())
+
+
 def _resolve(hint: str | None, served_name: str | None, root: str | None,
-             settings: HubSettings) -> ResolvedModel:
+             settings: HubSettings, *, by_name: bool = True) -> ResolvedModel:
     names = [(v, n.strip()) for v, n in (("hint", hint), ("root", root), ("served_name", served_name))
              if isinstance(n, str) and n.strip()]
     names = [(v, n) for i, (v, n) in enumerate(names) if n not in [m for _, m in names[:i]]]
@@ -325,7 +376,7 @@ def _resolve(hint: str | None, served_name: str | None, root: str | None,
         if arch is not None:
             return _done(arch, "hub", via, name, notes)
     for via, name in names:  # 5. the shipped catalog, last
-        if _is_path(name):
+        if _is_path(name) or not by_name:
             continue
         notes = []
         arch = _try_catalog_by_name(name, notes, tried[name])

@@ -301,3 +301,25 @@ def test_hf_cache_layout_written_by_the_tests_is_what_huggingface_hub_reads(hf_c
     repos = {r.repo_id: r for r in scan_cache_dir(hf_cache).repos}
     assert set(repos) == set(EXPECTED)
     assert all(next(iter(r.revisions)).commit_hash == COMMIT for r in repos.values())
+
+
+# ---- the daemon's seam: never block the event loop on the Hub --------------------------------
+
+def test_nowait_answers_local_sources_at_once_and_the_hub_in_the_background(tmp_path):
+    import threading
+
+    from exporter.model.resolve import resolve_model_nowait
+    with FakeHub({GPTQ: {"config.json": config_bytes(GPTQ)}}) as hub:
+        s = HubSettings(endpoint=hub.url, cache_dir=str(tmp_path), offline=False, timeout=5, weights=False)
+        # an exact catalog id needs no network: answered at once, the hub never asked
+        assert resolve_model_nowait(None, "meta-llama/Llama-3.1-8B-Instruct", None, settings=s).source == "catalog"
+        assert hub.requests == []
+        hub.gate = threading.Event()           # the hub now stalls until released
+        assert resolve_model_nowait(GPTQ, settings=s) is None
+        hub.gate.set()
+        deadline = time.monotonic() + 10
+        res = None
+        while res is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            res = resolve_model_nowait(GPTQ, settings=s)
+        assert res is not None and res.source == "hub" and res.arch.quantization == "gptq"
