@@ -19,6 +19,7 @@ from exporter.config import Config, TargetSpec
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.drift.observe import build_input, sufficiency
 from exporter.drift.predict import predict, resolve_hints
+from exporter.model.resolve import HubSettings
 from exporter.drift.observe import low_traffic
 from exporter.drift.rules import idle_ratio, rule_idle_capacity, rule_kv_pressure, run_rules
 from exporter.drift.stability import Tracker
@@ -34,6 +35,7 @@ class Evaluator:
     def __init__(self, cfg: Config, *, raise_after: int = 2, clear_after: int = 2,
                  one_shot: bool = False, previous: "Evaluator | None" = None) -> None:
         self.cfg = cfg
+        self.hub = HubSettings.from_config(cfg.huggingface)   # where model configs are looked up
         self.one_shot = one_shot
         if one_shot:
             raise_after = clear_after = 1
@@ -104,11 +106,10 @@ class Evaluator:
             log.info("config change", target=spec.url, model_name=model_name, changed=event["changed"])
 
         x = build_input(spec, model_name, summary, latest, metadata, observed, self.cfg, window)
-        candidates = [spec.model, (spec.labels or {}).get("model"), model_name]
-        if metadata and metadata.root and model_name in metadata.root:
-            candidates.append(metadata.root[model_name])
+        root = metadata.root.get(model_name) if metadata and metadata.root else None
         gpu_hint = spec.gpu or spec.labels.get("gpu")
-        res = resolve_hints(candidates, gpu_hint)
+        res = resolve_hints([spec.model, (spec.labels or {}).get("model")], gpu_hint,
+                            served_name=model_name, root=root, hub=self.hub)
         slo = {"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}
         traffic = {"prompt_mean": x.prompt_mean, "output_mean": x.output_mean, "prompt_p99": x.prompt_p99,
                    "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Model resolution (exporter/model/resolve.py) reads the HF cache and may ask the Hub: tests see an
+# empty cache and a Hub endpoint on a closed loopback port (no test depends on the host's cache,
+# none leaves 127.0.0.1). Tests that want a cache or a hub pass their own (tests/fake_hub.py).
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="vllm-drift-empty-hf-cache-")
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
 def shared_path(*parts: str) -> Path:

@@ -29,26 +29,35 @@ class Resolved:
     notes: tuple[str, ...]
 
 
-def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved:
-    """First model name that the catalog (or a local config.json) knows, and the GPU hint."""
-    from exporter.model import resolve_gpu, resolve_model
+def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
+                  served_name: str | None = None, root: str | None = None, hub: Any = None) -> Resolved:
+    """The model through exporter/model/resolve.py (hints, then the /v1/models root and served
+    name, the HF cache, the Hub, the catalog), and the GPU hint. A Hub lookup runs in the
+    background: until it answers the model is missing with a note saying so."""
+    from exporter.model import resolve_gpu
+    from exporter.model.resolve import HubSettings, resolve_model_nowait
 
     notes: list[str] = []
     missing: list[str] = []
     arch = model_id = None
-    tried = [c for c in dict.fromkeys(model_candidates) if c]
-    for cand in tried:
-        try:
-            arch = resolve_model(cand)
-            model_id = cand
-            break
-        except InputError:
-            continue
-    if arch is None:
+    hints = [c for c in dict.fromkeys(model_candidates) if c and c not in (served_name, root)]
+    tried = [*hints, *(n for n in (root, served_name) if n)]
+    try:
+        # without settings from the config (scan, tests): no network, the local sources only
+        found = resolve_model_nowait(hints, served_name, root, settings=hub or HubSettings(offline=True))
+    except InputError as exc:
+        found = None
         missing.append("model")
-        notes.append(f"model unknown to the catalog ({', '.join(tried) or 'no name'}): set "
-                     f"targets[].model in the config or a `model` label in file_sd (scan: --model) to a "
-                     f"catalog id or a local config.json")
+        notes.append(f"model unknown ({', '.join(tried) or 'no name'}): {exc}; mount the model volume or "
+                     f"HF cache into the sidecar, allow Hub access, or set targets[].model / a `model` "
+                     f"label in file_sd (scan: --model) to a catalog id or a local config.json")
+    else:
+        if found is None:
+            missing.append("model")
+            notes.append(f"model config of {', '.join(tried)} is being looked up on the Hub (or set "
+                         f"targets[].model / a `model` label to a catalog id or a local config.json)")
+        else:
+            arch, model_id = found.arch, found.name
     gpu = None
     if gpu_hint:
         try:
@@ -60,6 +69,8 @@ def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved
         missing.append("gpu")
         notes.append("GPU unknown (vLLM does not export it): set targets[].gpu in the config or a "
                      "`gpu` label in file_sd (scan: --gpu) for capacity, latency and tier predictions")
+    if found is not None:  # after the missing-hint notes, which come first
+        notes.append(f"model config: {found.describe()}")
     return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes))
 
 

@@ -35,7 +35,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
 
@@ -271,7 +271,7 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def resolve_model(hint: str | None, served_name: str | None = None, root: str | None = None, *,
+def resolve_model(hint: str | Sequence[str | None] | None, served_name: str | None = None, root: str | None = None, *,
                   settings: HubSettings | None = None) -> ResolvedModel:
     """The first source that knows the model, in vLLM's order (module docstring).
     Raises CatalogError: `no config for X: not a catalog id, not in HF cache at ..., hub offline`."""
@@ -300,7 +300,7 @@ _pool: ThreadPoolExecutor | None = None
 _pending: dict[tuple, Future] = {}
 
 
-def resolve_model_nowait(hint: str | None, served_name: str | None = None, root: str | None = None, *,
+def resolve_model_nowait(hint: str | Sequence[str | None] | None, served_name: str | None = None, root: str | None = None, *,
                          settings: HubSettings | None = None) -> ResolvedModel | None:
     """For an event loop (the daemon's evaluation): answers at once from the sources that need no
     network (local paths, the HF cache, exact catalog ids), else starts the full chain in a worker
@@ -341,15 +341,22 @@ def _valid(key: tuple, settings: HubSettings) -> ResolvedModel | CatalogError | 
     return None
 
 
-def _key(hint: str | None, served_name: str | None, root: str | None, settings: HubSettings) -> tuple:
-    return (hint, served_name, root, settings, settings.is_offline(), str(settings.hub_cache()),
+def _key(hint: Any, served_name: str | None, root: str | None, settings: HubSettings) -> tuple:
+    return (_hints(hint), served_name, root, settings, settings.is_offline(), str(settings.hub_cache()),
             settings.hub_endpoint())
 
 
-def _resolve(hint: str | None, served_name: str | None, root: str | None,
+def _hints(hint: Any) -> tuple[str, ...]:
+    """One hint or several in order of preference (config's targets[].model, a `model` label)."""
+    items = [hint] if isinstance(hint, str) or hint is None else list(hint)
+    return tuple(h.strip() for h in items if isinstance(h, str) and h.strip())
+
+
+def _resolve(hint: Any, served_name: str | None, root: str | None,
              settings: HubSettings, *, by_name: bool = True) -> ResolvedModel:
-    names = [(v, n.strip()) for v, n in (("hint", hint), ("root", root), ("served_name", served_name))
-             if isinstance(n, str) and n.strip()]
+    names = [("hint", h) for h in _hints(hint)]
+    names += [(v, n.strip()) for v, n in (("root", root), ("served_name", served_name))
+              if isinstance(n, str) and n.strip()]
     names = [(v, n) for i, (v, n) in enumerate(names) if n not in [m for _, m in names[:i]]]
     if not names:
         raise CatalogError("no model name to resolve: no hint, no served name, no /v1/models root")
