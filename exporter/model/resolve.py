@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.utils import disable_progress_bars
 
 from exporter.errors import CatalogError, InputError
 from exporter.model import weights as weights_mod
@@ -178,7 +179,7 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
     if settings.is_offline():
         tried.append("hub offline")
         return None
-    from huggingface_hub.utils import disable_progress_bars
+    disable_progress_bars()   # huggingface_hub's download bars would break one-line CLI/daemon output
     endpoint = settings.hub_endpoint()
     try:
         # one HEAD without retries first: hf_hub_download retries unreachable hosts five times
@@ -194,7 +195,10 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
     info = None
     if settings.weights:
         # the shards may already be in the cache (a host that ran vLLM); else the Hub's headers
-        info = weights_mod.from_local_dir(Path(path).parent, num_layers=arch.num_layers)
+        try:
+            info = weights_mod.from_local_dir(Path(path).parent, num_layers=arch.num_layers)
+        except (OSError, ValueError):
+            info = None
         if info is None:
             try:
                 info = _hub_weights(HfApi(endpoint=endpoint), repo_id, arch.num_layers, settings)
