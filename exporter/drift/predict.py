@@ -27,6 +27,7 @@ class Resolved:
     model_id: str | None
     missing: tuple[str, ...]
     notes: tuple[str, ...]
+    pending: bool = False      # the model's config is still being looked up: ask again later
 
 
 def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
@@ -42,6 +43,7 @@ def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
     arch = model_id = None
     hints = [c for c in dict.fromkeys(model_candidates) if c and c not in (served_name, root)]
     tried = [*hints, *(n for n in (root, served_name) if n)]
+    pending = False
     try:
         # without settings from the config (scan, tests): no network, the local sources only
         found = resolve_model_nowait(hints, served_name, root, settings=hub or HubSettings(offline=True))
@@ -53,6 +55,7 @@ def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
                      f"label in file_sd (scan: --model) to a catalog id or a local config.json")
     else:
         if found is None:
+            pending = True
             missing.append("model")
             notes.append(f"model config of {', '.join(tried)} is being looked up on the Hub (or set "
                          f"targets[].model / a `model` label to a catalog id or a local config.json)")
@@ -71,7 +74,7 @@ def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
                      "`gpu` label in file_sd (scan: --gpu) for capacity, latency and tier predictions")
     if found is not None:  # after the missing-hint notes, which come first
         notes.append(f"model config: {found.describe()}")
-    return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes))
+    return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes), pending=pending)
 
 
 def _version(text: str | None):
