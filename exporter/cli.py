@@ -12,7 +12,7 @@ import sys
 from exporter import __version__
 from exporter.errors import InputError
 
-COMMANDS = ("serve", "scan", "calc", "simulate", "demo")
+COMMANDS = ("serve", "scan", "calc", "catalog", "simulate", "demo")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,15 +23,19 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vllm-drift", description="Prometheus exporter and drift detector for fleets of vLLM servers.")
     parser.add_argument("--version", action="version", version=f"vllm-drift {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
+                                title="commands (vllm-drift COMMAND --help for each)")
     for name in COMMANDS:
         importlib.import_module(f"exporter.commands.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:   # `vllm-drift` alone: the command list
+        parser.print_help()
+        return 0
     try:
         return int(args.func(args) or 0)
     except InputError as exc:

@@ -168,7 +168,7 @@ def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, f
         try:
             tiers = _rank(setup.model, _coarse(tr), s, tuple(sorted(prices.items())), setup.quantization,
                           setup.kv_cache_dtype, setup.vllm_version, setup.gpu.name)
-            out["tiers"] = tuple(_tier(t) for t in tiers if t.meets_slo)
+            out["tiers"] = tuple(_tier(t) for t in tiers if t.meets_slo is not False)  # None: no SLO given, every tier serves
         except (InputError, ArithmeticError, ValueError) as exc:
             notes.append(f"calculator tiers: {exc}")
     return out
@@ -267,4 +267,4 @@ def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None
 def _tier(t: Any) -> TierOption:
     """`exporter.model.optimizer.Tier` -> the drift engine's own small value."""
     return TierOption(gpu=t.gpu, tp=int(t.tp), replicas=int(t.replicas),
-                      dollars_per_hour=float(t.dollars_per_hour), meets_slo=bool(t.meets_slo))
+                      dollars_per_hour=float(t.dollars_per_hour), meets_slo=t.meets_slo is not False)
