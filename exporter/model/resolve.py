@@ -246,7 +246,7 @@ def _try_catalog_exact(name: str, notes: list[str]) -> ModelArch | None:
         return None
     model_id, alias = hit
     if alias:  # e.g. a base model listed under its Instruct entry: the catalog says they share fields
-        notes.append(f"{name} is listed in the catalog as an alias of {model_id} (same config.json fields)")
+        notes.append(f"{name!r} is listed in the catalog as an alias of {model_id!r} (same config.json fields)")
     return catalog_resolve(model_id)
 
 
@@ -259,7 +259,7 @@ def _try_catalog_by_name(name: str, notes: list[str], tried: list[str]) -> Model
         return None
     m = re.search(r"huggingface\.co/([^/\s]+/[^/\s]+)", arch.source or "")
     entry = m.group(1) if m else (arch.source or arch.name)
-    notes.append(f"matched by name to catalog entry {entry}: architecture assumed "
+    notes.append(f"{name!r} matched by name to catalog entry {entry!r}: architecture assumed "
                  f"identical (give a config.json, the HF cache or hub access for the model's own)")
     return arch
 
@@ -402,7 +402,8 @@ def _resolve(hint: Any, served_name: str | None, root: str | None,
 
 
 def _done(arch: ModelArch, source: str, via: str, name: str, notes: list[str]) -> ResolvedModel:
-    all_notes = [*arch.notes, *notes]
+    # how a config.json was read matters for a model's own config, not for a curated catalog entry
+    all_notes = [*(arch.notes if source != "catalog" else ()), *notes]
     w = arch.weights
     if w is not None:
         all_notes.append(f"weight bytes from safetensors headers ({w.files} file(s), "

@@ -115,7 +115,7 @@ def test_configs_are_read_generically(offline_cache_env):
 def test_a_base_model_is_not_silently_mapped_to_its_instruct_entry(offline_cache_env):
     res = resolve_model("meta-llama/Llama-3.1-8B", settings=HubSettings())
     assert res.source == "catalog"
-    assert any("alias of meta-llama/Llama-3.1-8B-Instruct" in n for n in res.notes)
+    assert any("alias of 'meta-llama/Llama-3.1-8B-Instruct'" in n for n in res.notes)
     # a name the catalog only matches by its stem says the architecture is assumed
     res = resolve_model("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", settings=HubSettings())
     assert res.source == "catalog" and res.arch.quantization == "gptq-int8"
@@ -145,8 +145,14 @@ def test_calc_without_any_source_is_one_line_naming_what_was_tried(tmp_path, cli
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("vllm-drift calc: error: no config for Qwen/Qwen2-7B-Instruct: not a catalog id")
-    assert f"not in HF cache at {tmp_path / 'empty'}" in lines[0] and lines[0].endswith("hub offline")
+    assert lines[0].startswith("vllm-drift calc: error: unknown model 'Qwen/Qwen2-7B-Instruct': not a catalog id")
+    assert f"not in HF cache at {tmp_path / 'empty'}, hub offline" in lines[0]
+    # the daemon's form of the same failure
+    env_cache = HubSettings(cache_dir=str(tmp_path / "empty"), offline=True)
+    with pytest.raises(CatalogError) as e:
+        resolve_model("Qwen/Qwen2-7B-Instruct", settings=env_cache)
+    assert str(e.value).startswith("no config for Qwen/Qwen2-7B-Instruct: not a catalog id")
+    assert str(e.value).endswith(f"not in HF cache at {tmp_path / 'empty'}, hub offline")
 
 
 def test_calc_subprocess_reads_the_cache_named_by_hf_hub_cache(hf_cache, cli_env):
@@ -154,7 +160,7 @@ def test_calc_subprocess_reads_the_cache_named_by_hf_hub_cache(hf_cache, cli_env
     out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", "Qwen/Qwen2-7B-Instruct",
                           "--gpu", "A100-80GB"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("Model config: hf-cache (via hint: Qwen/Qwen2-7B-Instruct)")
+    assert "model_config" in out.stdout and "hf-cache (via hint: Qwen/Qwen2-7B-Instruct)" in out.stdout
 
 
 # ---- 4. the Hub, through huggingface_hub against a loopback hub ------------------------------
