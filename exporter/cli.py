@@ -12,7 +12,7 @@ import sys
 from exporter import __version__
 from exporter.errors import InputError
 
-COMMANDS = ("serve", "scan", "calc", "catalog", "simulate", "demo")
+COMMANDS = ("serve", "scan", "calc", "catalog", "simulate", "demo", "sweep")
 
 
 class _Parser(argparse.ArgumentParser):

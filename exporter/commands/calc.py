@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import CatalogError, InputError
+from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
@@ -53,9 +54,16 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("setup", ("--model",), dict(metavar="ID|PATH", help="Hugging Face id (read from the HF cache, else the Hub unless "
                                  "HF_HUB_OFFLINE=1), a local config.json / model dir, or a catalog id "
                                  "(see `vllm-drift catalog models`)")),
-    ("setup", ("--gpu",), dict(metavar="NAME", help="GPU catalog name or alias (H100, L40S-48GB, ...; "
-                               "see `vllm-drift catalog gpus`)")),
-    ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the catalog)")),
+    ("setup", ("--gpu",), dict(metavar="NAME", help="GPU catalog name, alias or the name nvidia-smi/amd-smi prints "
+                               "(H100, L40S-48GB, 'Tesla V100-SXM2-32GB', ...; see `vllm-drift catalog gpus`)")),
+    ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the "
+                                          "catalog; without --gpu, or with an unknown one, describes the device)")),
+    ("setup", ("--gpu-bandwidth-gbs",), dict(type=float, metavar="GBS", help="memory bandwidth per GPU, GB/s "
+                                             "(overrides the catalog or describes an unknown device)")),
+    ("setup", ("--gpu-tflops",), dict(type=float, metavar="TFLOPS", help="dense FP16/BF16 TFLOPS per GPU "
+                                      "(overrides the catalog or describes an unknown device)")),
+    ("setup", ("--gpu-file",), dict(metavar="FILE", help="YAML rows adding or overriding GPUs (schema of the "
+                                    "`gpus:` config section, see docs/gpus.md)")),
     ("setup", ("--tp",), dict(type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")),
     ("setup", ("--pp",), dict(type=int, default=1, metavar="N", help="pipeline-parallel size (default 1)")),
     ("setup", ("--dtype",), dict(default="auto", metavar="DTYPE", help="model dtype: auto, bfloat16, float16, float32")),
@@ -200,8 +208,14 @@ def resolve(args: argparse.Namespace):
 
 
 def build_setup(args: argparse.Namespace) -> Setup:
+    return _build_setup(args)
+
+
+def _build_setup(args: argparse.Namespace) -> Setup:
+    gpu = device_for_cli(args.gpu, gpu_file=args.gpu_file, memory_gib=args.gpu_memory_gib,
+                         bandwidth_gbs=args.gpu_bandwidth_gbs, tflops=args.gpu_tflops)
     return Setup.build(
-        resolve(args).arch, args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        resolve(args).arch, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -214,7 +228,7 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     as it is for vLLM; the *default* (the model's own maximum) is lowered to the largest length
     the pool holds, with a note, since the question asked was not about that length."""
     setup = build_setup(args)
-    notes = list(resolve(args).notes)
+    notes = list(resolve(args).notes)   # e.g. a name answered by another catalog entry
     if args.max_model_len is not None:
         return setup, kv_capacity(setup), notes
     loose = kv_capacity(setup, check_fits=False)
@@ -306,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_profiles:
         out.print_profiles(json_out=args.json)
         return 0
-    missing = [f for f in ("model", "gpu") if not getattr(args, f)]
+    missing = [f for f in ("model", "gpu") if not getattr(args, f) and not (f == "gpu" and args.gpu_memory_gib)]
     if missing:
         raise InputError("missing " + " and ".join(f"--{m}" for m in missing)
                          + " (see `vllm-drift catalog models|gpus`)")

@@ -258,8 +258,8 @@ def _capacity(setup: Any, tr: Any, s: Any) -> tuple[float | None, int | None]:
 def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None, kv_dtype: str,
           version: tuple, current_gpu: str) -> tuple:
     from exporter.model import optimizer
-    from exporter.model.gpus import GPUS
-    gpus = [g for g in GPUS if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
+    from exporter.model.gpus import tier_names
+    gpus = [g for g in tier_names() if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
     return tuple(optimizer.rank_tiers(model, tr, slo, gpus=gpus, prices=dict(prices), quantization=quantization,
                                       kv_cache_dtype=kv_dtype, vllm_version=version))
 
