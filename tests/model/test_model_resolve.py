@@ -329,3 +329,25 @@ def test_nowait_answers_local_sources_at_once_and_the_hub_in_the_background(tmp_
             time.sleep(0.05)
             res = resolve_model_nowait(GPTQ, settings=s)
         assert res is not None and res.source == "hub" and res.arch.quantization == "gptq"
+
+
+def test_the_huggingface_config_section_drives_the_settings(tmp_path, monkeypatch):
+    from exporter.config import config_from_dict
+    from exporter.errors import ConfigError
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cfg = config_from_dict({"huggingface": {"offline": True, "timeout": "3s", "cache_dir": str(tmp_path),
+                                            "endpoint": "http://127.0.0.1:1"}})
+    s = HubSettings.from_config(cfg.huggingface)
+    assert s.is_offline() and s.timeout == 3.0 and s.hub_cache() == tmp_path
+    assert s.hub_endpoint() == "http://127.0.0.1:1"
+    with pytest.raises(CatalogError) as e:
+        resolve_model("acme/x-7b", settings=s)
+    assert str(e.value).endswith("hub offline")
+    # unset: HF_HUB_OFFLINE decides, read at call time
+    default = HubSettings.from_config(config_from_dict({}).huggingface)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert default.is_offline()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert not default.is_offline()
+    with pytest.raises(ConfigError, match="huggingface.ofline"):
+        config_from_dict({"huggingface": {"ofline": True}})
