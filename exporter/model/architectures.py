@@ -338,10 +338,10 @@ def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[
     attention 4h^2 and an MLP of 2 (or 3 when gated, SiLU) h x intermediate, a patch embedding
     of channels x patch^2 x h, and a two-layer projector from h x merge^2 to the text width.
     0 when the fields are missing (the tower is then left out, with no note)."""
-    try:
-        h = int(vc["hidden_size"])
+    try:  # Qwen2-VL names the tower width embed_dim (its hidden_size is the merger's output)
+        h = int(vc.get("embed_dim") or vc["hidden_size"])
         layers = int(vc.get("num_hidden_layers") or vc.get("depth") or 0)
-        inter = int(vc.get("intermediate_size") or 4 * h)
+        inter = int(vc.get("intermediate_size") or h * float(vc.get("mlp_ratio") or 4))
     except (KeyError, TypeError, ValueError):
         return 0
     if h <= 0 or layers <= 0:
