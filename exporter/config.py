@@ -165,6 +165,13 @@ class KubernetesConfig(_Strict):
     scheme: str = "http"
     kubeconfig: str | None = None
 
+    @model_validator(mode="after")
+    def _client_installed(self) -> "KubernetesConfig":
+        from exporter.discovery.kubernetes import require_client   # lazy: it imports this module
+
+        require_client()   # the client is the optional [kubernetes] extra
+        return self
+
 
 class ShardConfig(_Strict):
     index: int = Field(default=0, ge=0)

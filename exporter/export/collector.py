@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter import __version__
+from exporter import __version__, buildinfo
 from exporter.export.render import Renderer
 from exporter.report import ModelReport, PARAMETERS
 
@@ -58,9 +58,9 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         v = self.view
-        build = InfoMetricFamily("vllm_drift_build", "vllm-drift build information.",
-                                 labels=["version"])
-        build.add_metric([__version__], {})
+        build = InfoMetricFamily("vllm_drift_build", "vllm-drift build information (revision: see exporter/buildinfo.py).",
+                                 labels=["version", "revision", "python_version"])
+        build.add_metric([__version__, buildinfo.revision(), buildinfo.python_version()], {})
         yield build
 
         up = _g("vllm_drift_target_up", "1 if the last scrape of the target succeeded, else 0.", ["target"])
