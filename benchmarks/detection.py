@@ -3,7 +3,7 @@
 Each built-in scenario (`exporter/sim/scenarios/*.yaml`, with its `ground_truth` and `acceptable`
 findings) runs in process over several seeds: the simulated engine advances in sim time (much
 faster than wall time), its exposition is rendered and parsed every scrape interval, windowed,
-and evaluated by the same `Evaluator` the daemon uses, every evaluation interval. Reported:
+and evaluated by the same pipeline (`exporter.pipeline`) the daemon uses, every evaluation interval. Reported:
 
 - per finding: precision (reports at warning or above that are in the scenario's ground truth or
   acceptable list, over all reports; acceptable ones count for neither side) and recall (ground
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from exporter.config import Config, EvaluationConfig, ScrapeConfig, TargetSpec
-from exporter.evaluate import Evaluator
+from exporter.logs import configure
 from exporter.parse import parse_vllm
-from exporter.scrape import Metadata
+from exporter.pipeline import Pipelines, TargetPipeline
+from exporter.parse.metadata import Metadata
 from exporter.sim.scenario import build, builtin_names, load_scenario
-from exporter.window import Window
 
 LOUD = ("warning", "critical")
 
@@ -68,13 +68,12 @@ def run_scenario(name: str, seed: int, *, scrape_s: float = 2.0, eval_s: float =
     meta = Metadata(vllm_version=state.version, served_models=(state.model_name,),
                     max_model_len={state.model_name: state.max_model_len},
                     root={state.model_name: sc.model}, fetched_at=0.0)
-    ev = Evaluator(cfg)
-    windows: dict[str, Window] = {}
+    fleet = Pipelines(cfg)
+    pipes: dict[str, TargetPipeline] = {}
     run = Run(name, seed, tuple(sc.ground_truth), tuple(sc.acceptable), onset_s=onset)
     start = state.start_time
     t = 0.0
     next_eval = eval_s
-    latest = {}
     base_preempt = None
     while t <= total + 1e-9:
         state.engine.advance_to(sc.warmup_s + t)
@@ -87,12 +86,13 @@ def run_scenario(name: str, seed: int, *, scrape_s: float = 2.0, eval_s: float =
             elif run.cause_s is None and pre > base_preempt:
                 run.cause_s = t - onset
         for snap in parse_vllm(state.exposition(), target=url, timestamp=start + t):
-            windows.setdefault(snap.model_name, Window(window_s)).observe(snap)
-            latest[snap.model_name] = snap
+            if snap.model_name not in pipes:
+                pipes[snap.model_name] = fleet.pipeline(spec, snap.model_name, window_s=window_s)
+            pipes[snap.model_name].observe(snap)
         if t + 1e-9 >= next_eval:
             next_eval += eval_s
-            for model, snap in latest.items():
-                rep = ev.evaluate(spec, model, windows[model], snap, meta, start + t)
+            for pipe in pipes.values():
+                rep = pipe.evaluate(meta, start + t)
                 run.statuses.append(rep.status)
                 loud = {f.finding for f in rep.findings if f.severity in LOUD}
                 if t < onset:
@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    from exporter.logs import configure
     configure("console", "warning")     # config-change events are info: keep stdout for results
     names = a.scenarios or builtin_names()
     t0 = time.perf_counter()

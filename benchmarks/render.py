@@ -18,12 +18,11 @@ import time
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from exporter.config import Config, TargetSpec
-from exporter.evaluate import Evaluator
 from exporter.export.collector import Exposition, FleetView, TargetView
 from exporter.parse import parse_vllm
+from exporter.pipeline import Pipelines
 from exporter.report import PARAMETERS
 from exporter.sim.scenario import build, load_scenario
-from exporter.window import Window
 
 
 def one_report():
@@ -31,14 +30,14 @@ def one_report():
     sc = load_scenario("kv-pressure")
     st = build(sc, seed=1, version="0.11.0")
     url = "http://10.0.0.1:8000"
-    win = Window(600.0)
-    snaps = None
+    pipe = None
     for i in range(21):
         st.tick(30.0)
         snaps = parse_vllm(st.renderer.render(st.engine.metrics), target=url, timestamp=1000.0 + 30 * i)
-        win.observe(snaps[0])
-    ev = Evaluator(Config())
-    return ev.evaluate(TargetSpec(url=url, gpu=sc.gpu), snaps[0].model_name, win, snaps[0], None, 1600.0)
+        if pipe is None:
+            pipe = Pipelines(Config()).pipeline(TargetSpec(url=url, gpu=sc.gpu), snaps[0].model_name, window_s=600.0)
+        pipe.observe(snaps[0])
+    return pipe.evaluate(None, 1600.0)
 
 
 def fleet(report, n: int) -> FleetView:

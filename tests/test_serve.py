@@ -1,68 +1,18 @@
 """`vllm-drift serve` as a real subprocess against real captures served over loopback HTTP."""
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 import loopback
-from conftest import free_port
+from daemons import Daemon, get, samples, wait_cycles, wait_for
 
 VERSION = {"vllm-0.10.1": b'{"version":"0.10.1"}', "vllm-0.11.0": b'{"version":"0.11.0"}', "vllm-0.7.0": b'{"version":"0.7.0"}'}
-
-
-def get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status, r.read().decode()
-
-
-def samples(text, name):
-    """{labels-string: value} for one metric name in an exposition."""
-    out = {}
-    for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M):
-        out[m.group(1) or ""] = float(m.group(2))
-    return out
-
-
-def wait_for(pred, timeout=30, step=0.2):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            got = pred()
-            if got:
-                return got
-        except (OSError, urllib.error.URLError):
-            pass
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
-
-
-class Daemon:
-    def __init__(self, config_path, cli_env):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--config", str(config_path),
-                                      "--listen", f"127.0.0.1:{self.port}"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env)
-
-    def metrics(self):
-        return get(self.url + "/metrics")[1]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.stderr.read().decode()
 
 
 @pytest.fixture
@@ -137,8 +87,8 @@ def test_bad_config_reload_keeps_the_old_one(fleet, tmp_path, cli_env):
         cfg.write_text("scrape: {interval: 1s, timeout: 1s}\ntargets:\n  - url: not-a-url\n")
         d.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: samples(d.metrics(), "vllm_drift_config_reload_failures_total").get("") == 1.0)
-        time.sleep(1.5)
-        assert samples(d.metrics(), "vllm_drift_target_up").get(f'{{target="{good.url}"}}') == 1.0
+        body = wait_cycles(d.metrics, 2)      # scraping goes on under the old config
+        assert samples(body, "vllm_drift_target_up").get(f'{{target="{good.url}"}}') == 1.0
         # a valid change is picked up from the file without a signal
         other = fleet[1]
         cfg.write_text(f"scrape: {{interval: 1s, timeout: 1s}}\ntargets:\n  - url: {good.url}\n  - url: {other.url}\n")
@@ -186,9 +136,8 @@ def test_each_kind_of_bad_target_is_down_with_its_reason(captures, tmp_path, cli
         def settled():
             text = d.metrics()
             return text if len(samples(text, "vllm_drift_target_up")) == len(sites) else None
-        body = wait_for(settled)
-        time.sleep(1.5)
-        body = d.metrics()
+        wait_for(settled)
+        body = wait_cycles(d.metrics, 1)
         up = samples(body, "vllm_drift_target_up")
         errs = samples(body, "vllm_drift_scrape_errors_total")
         for kind, site in sites.items():

@@ -11,12 +11,12 @@ from typing import Any
 
 from exporter.commands.simulate import DUMP_STAMP
 from exporter.config import Config, TargetSpec, check_url
-from exporter.errors import InputError, ParseError
-from exporter.evaluate import Evaluator
+from exporter.errors import InputError, ParseError, ScrapeError
 from exporter.parse import parse_vllm
+from exporter.parse.metadata import Metadata
+from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.report import ModelReport
-from exporter.scrape import Metadata, Scraper, ScrapeError
-from exporter.window import Window
+from exporter.scrape import Scraper
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,24 +54,24 @@ def _spec(url: str, args: argparse.Namespace, source: str) -> TargetSpec:
                                       slo=None, labels={}, source=source)
 
 
-def _evaluate(evaluator: Evaluator, spec: TargetSpec, payloads: list[tuple[bytes, float]],
+def _evaluate(fleet: Pipelines, spec: TargetSpec, payloads: list[tuple[bytes, float]],
               metadata: Metadata | None) -> list[ModelReport]:
-    windows: dict[str, Window] = {}
-    latest = {}
+    pipes: dict[str, TargetPipeline] = {}
     for body, ts in payloads:
         try:
             snaps = parse_vllm(body, target=spec.url, timestamp=ts)
         except ParseError as exc:
             raise InputError(f"{spec.url}: {exc}") from None
         for snap in snaps:
-            windows.setdefault(snap.model_name, Window(max(3600.0, ts - payloads[0][1] + 1)))
-            windows[snap.model_name].observe(snap)
-            latest[snap.model_name] = snap
+            if snap.model_name not in pipes:
+                pipes[snap.model_name] = fleet.pipeline(spec, snap.model_name,
+                                                        window_s=max(3600.0, ts - payloads[0][1] + 1))
+            pipes[snap.model_name].observe(snap)
     now = payloads[-1][1]
-    return [evaluator.evaluate(spec, m, windows[m], latest[m], metadata, now) for m in latest]
+    return [p.evaluate(metadata, now) for p in pipes.values()]
 
 
-async def _scan_url(url: str, args: argparse.Namespace, evaluator: Evaluator) -> list[ModelReport]:
+async def _scan_url(url: str, args: argparse.Namespace, fleet: Pipelines) -> list[ModelReport]:
     scraper = Scraper(timeout=args.timeout, concurrency=4)
     try:
         payloads = []
@@ -87,7 +87,7 @@ async def _scan_url(url: str, args: argparse.Namespace, evaluator: Evaluator) ->
         metadata = await scraper.metadata(url)
     finally:
         await scraper.aclose()
-    return _evaluate(evaluator, _spec(url, args, "scan"), payloads, metadata)
+    return _evaluate(fleet, _spec(url, args, "scan"), payloads, metadata)
 
 
 def _stamp(body: bytes) -> float | None:
@@ -102,7 +102,7 @@ def _stamp(body: bytes) -> float | None:
     return None
 
 
-def _scan_file(path: str, args: argparse.Namespace, evaluator: Evaluator) -> list[ModelReport]:
+def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines) -> list[ModelReport]:
     first = _read(path)
     t1 = _stamp(first) or (os.path.getmtime(path) if path != "-" else time.time())
     payloads = [(first, t1)]
@@ -115,7 +115,7 @@ def _scan_file(path: str, args: argparse.Namespace, evaluator: Evaluator) -> lis
             if t2 <= t1:
                 raise InputError(f"--after {args.after}: not later than {path} by file time; give --interval SECONDS")
         payloads.append((second, t2))
-    return _evaluate(evaluator, _spec(path, args, "file"), payloads, None)
+    return _evaluate(fleet, _spec(path, args, "file"), payloads, None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--after pairs with exactly one file TARGET")
     if args.interval is not None and args.interval <= 0:
         raise InputError("--interval must be positive")
-    evaluator = Evaluator(Config(), one_shot=True)
+    fleet = Pipelines(Config(), one_shot=True)
     reports: list[ModelReport] = []
     for target in args.targets:
         if target.startswith(("http://", "https://")):
@@ -133,9 +133,9 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(f"{target}: {exc}") from None
             if args.after:
                 raise InputError("--after is for files; for a URL use --interval to scrape twice")
-            reports.extend(asyncio.run(_scan_url(url, args, evaluator)))
+            reports.extend(asyncio.run(_scan_url(url, args, fleet)))
         else:
-            reports.extend(_scan_file(target, args, evaluator))
+            reports.extend(_scan_file(target, args, fleet))
     doc = {"targets": [r.to_json() for r in reports]}
     if args.json:
         json.dump(doc, sys.stdout, indent=2, default=str)

@@ -1,14 +1,18 @@
 """`DriftInput`: everything the finding rules read about one (target, model) at one evaluation.
 
 Why a separate plain value: the rules must be pure and testable without a scraper, a window or a
-calculator, and the window and model modules are free to change shape. `exporter.evaluate`
-builds a `DriftInput` from the window summary, the latest snapshot, `/v1/models`, the target's
-hints and the calculator's predictions; the rules see only this. `None` always means "not
+calculator, and the window and model modules are free to change shape. `exporter.drift.observe`
+builds a `DriftInput` from the window summary, the latest snapshot, `/v1/models` and the target's
+`Identity`; the pipeline adds the calculator's `Prediction`; the rules see only this. `None` always means "not
 observed" (a family the server does not expose, a hint nobody gave), never zero.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
+
+from exporter.model.optimizer import Tier
+from exporter.parse.version import Version
 
 
 @dataclass(frozen=True)
@@ -27,19 +31,20 @@ class Prediction:
     spec_missed_speedup: float | None = None    # speed-up speculation would plausibly give (off now)
     default_max_num_seqs: int | None = None     # vLLM's default for this GPU and version
     fp8_kv_supported: bool | None = None        # the GPU has an fp8 path
-    tiers: tuple["TierOption", ...] = ()        # cheapest first, same SLOs at the observed load
+    tiers: tuple[Tier, ...] = ()                # cheapest first, meeting the SLOs at the observed load
     current_cost_per_hour: float | None = None  # $/h of the current replica (GPUs x price)
     current_max_rps: float | None = None        # sustainable request rate at the SLOs
+    # -- calibration (exporter.drift.calibration): which model the latencies come from
+    basis: str = "prior"                        # "prior" | "calibrated"
+    ttft_s: float | None = None                 # predicted TTFT at the observed load
+    prior_tpot_s: float | None = None           # the a-priori model's TPOT / TTFT there
+    prior_ttft_s: float | None = None
+    calibration_factors: Mapping[str, float] = field(default_factory=dict)
+    fit_error: float | None = None              # |relative TPOT error| of the last measurement
+    calibration_updates: int = 0                # measurements the target's pool has folded in
+    calibration_rejected: int = 0               # ... and refused for breaking physics
+    calibration_pool: str | None = None
     notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class TierOption:
-    gpu: str
-    tp: int
-    replicas: int
-    dollars_per_hour: float
-    meets_slo: bool
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class DriftInput:
     target: str
     model_name: str
     era: str = "v1"                              # "v0" | "v1"
-    vllm_version: tuple[int, int, int] | None = None
+    vllm_version: Version | None = None
 
     # -- the window
     window_s: float = 600.0
@@ -102,9 +107,8 @@ class DriftInput:
     max_model_len: float | None = None
     kv_cache_memory_gib: float | None = None      # kv_cache_memory_bytes label (0.10.2-0.11.0)
 
-    # -- hints (config, file_sd labels, scan flags)
+    # -- the target's identity (exporter.drift.predict.Identity: hints resolved once)
     gpu: str | None = None                        # resolved catalog name
-    gpu_hint: str | None = None                   # as given
     tp: int = 1
     pp: int = 1
     model: str | None = None                      # resolved catalog id / path

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from exporter.config import Config, TargetSpec
+from exporter.config import SLO
 from exporter.drift.inputs import DriftInput
+from exporter.drift.predict import Identity
 from exporter.parse.snapshot import Histogram, Snapshot
-from exporter.scrape import Metadata
+from exporter.parse.version import read_version
+from exporter.parse.metadata import Metadata
 
 MIN_COVER = 0.5          # share of the window the data must cover
 MIN_SAMPLES = 3
@@ -29,35 +31,8 @@ def _f(v: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _bool(v: Any) -> bool | None:
-    if isinstance(v, bool):
-        return v
-    if v is None:
-        return None
-    s = str(v).strip().lower()
-    if s in ("true", "1", "yes"):
-        return True
-    if s in ("false", "0", "no"):
-        return False
-    return None        # "None" (some 0.8-0.10 servers): unknown
-
-
 def _q(quantiles: Any, name: str) -> float | None:
     return None if quantiles is None else _f(getattr(quantiles, name, None))
-
-
-def _version(text: str | None) -> tuple[int, int, int] | None:
-    if not text:
-        return None
-    parts = []
-    for p in str(text).lstrip("v").split(".")[:3]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    while len(parts) < 3:
-        parts.append(0)
-    return tuple(parts[:3])  # type: ignore[return-value]
 
 
 def _window_hist(window: Any, key: str) -> Histogram | None:
@@ -83,20 +58,18 @@ def _top_populated(h: Histogram | None) -> float | None:
     return top
 
 
-def build_input(spec: TargetSpec, model_name: str, obs: Any, latest: Snapshot, metadata: Metadata | None,
-                observed: Mapping[str, Any], cfg: Config, window: Any = None) -> DriftInput:
-    cc = latest.cache_config
-    blocks = _f(cc.get("num_gpu_blocks"))
-    bs = _f(cc.get("block_size"))
-    tokens = _f(cc.get("kv_cache_size_tokens"))
+def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata | None,
+                observed: Mapping[str, Any], slo: SLO | None, window_s: float, window: Any = None) -> DriftInput:
+    cc = latest.config
+    blocks = _f(cc.num_gpu_blocks)
+    bs = _f(cc.block_size)
+    tokens = _f(cc.kv_cache_size_tokens)
     if tokens is None and blocks and bs:
         tokens = blocks * bs
-    kv_mem = _f(cc.get("kv_cache_memory_bytes"))
+    kv_mem = cc.kv_cache_memory_bytes
     mml = _f(observed.get("max_model_len"))
     if mml is None:
-        mml = _f(cc.get("max_model_len"))
-    slo = spec.slo or cfg.slo
-    labels = spec.labels or {}
+        mml = _f(cc.max_model_len)
 
     prompt_hist = _window_hist(window, "prompt_tokens") if window is not None else None
     steps_hist = _window_hist(window, "iteration_tokens") if window is not None else None
@@ -119,18 +92,10 @@ def build_input(spec: TargetSpec, model_name: str, obs: Any, latest: Snapshot, m
     ttft = getattr(obs, "ttft", None)
     queue = getattr(obs, "queue_time", None)
 
-    def hint_int(name: str) -> int | None:
-        v = getattr(spec, name, None) or labels.get(name)
-        try:
-            return int(v) if v else None
-        except (TypeError, ValueError):
-            return None
-
     return DriftInput(
-        target=spec.url, model_name=model_name, era=latest.engine_era,
-        vllm_version=_version(metadata.vllm_version if metadata else None),
-        window_s=float(getattr(window, "duration", cfg.evaluation.window) if window is not None
-                       else cfg.evaluation.window),
+        target=ident.target, model_name=ident.model_name, era=latest.engine_era,
+        vllm_version=read_version(metadata.vllm_version if metadata else None),
+        window_s=float(getattr(window, "duration", window_s) if window is not None else window_s),
         covered_s=_f(getattr(obs, "duration_s", 0.0)) or 0.0, samples=int(getattr(obs, "samples", 0) or 0),
         reset=bool(getattr(obs, "reset", False)),
         arrival_rps=_f(getattr(obs, "requests_per_s", None)),
@@ -153,12 +118,12 @@ def build_input(spec: TargetSpec, model_name: str, obs: Any, latest: Snapshot, m
         queue_p99=_q(queue, "p99"), e2e_mean=_q(getattr(obs, "e2e", None), "mean"),
         itl_mean=_q(getattr(obs, "itl", None) or tpot, "mean"),
         num_gpu_blocks=blocks, block_size=bs, kv_cache_tokens=tokens,
-        gpu_memory_utilization=_f(cc.get("gpu_memory_utilization")),
-        enable_prefix_caching=_bool(cc.get("enable_prefix_caching")),
-        cache_dtype=(str(cc["cache_dtype"]) if cc.get("cache_dtype") not in (None, "None") else None),
+        gpu_memory_utilization=cc.gpu_memory_utilization, enable_prefix_caching=cc.enable_prefix_caching,
+        cache_dtype=cc.cache_dtype,
         max_model_len=mml, kv_cache_memory_gib=(kv_mem / 2**30 if kv_mem else None),
-        gpu_hint=spec.gpu or labels.get("gpu"), tp=hint_int("tp") or 1, pp=hint_int("pp") or 1,
-        max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
+        gpu=ident.gpu, tp=ident.tp, pp=ident.pp, model=ident.resolved.model_id,
+        missing_hints=ident.resolved.missing,
+        max_num_seqs=ident.max_num_seqs, max_num_batched_tokens=ident.max_num_batched_tokens,
         slo_ttft_s=slo.ttft_p99 if slo else None, slo_tpot_s=slo.tpot_p99 if slo else None,
         families=frozenset(set(latest.gauges) | set(latest.counters) | set(latest.histograms)),
     )

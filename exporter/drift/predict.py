@@ -5,25 +5,38 @@ tier meeting the same SLOs.
 Why separate from the rules: this is the only place the drift engine calls `exporter.model`, and
 the only place that can fail on an unknown model or GPU; it turns those failures into
 `missing_hints` and notes (the rules then say which hint to give) instead of exceptions.
-Everything here is pure (no I/O except the packaged catalogs), so it is cached per setup.
+Everything here is pure (no I/O except the packaged catalogs, and a model's config.json read by
+exporter/model/resolve.py: local files at once, the Hub in a worker thread), so it is cached per
+setup.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
-from exporter.drift.inputs import Prediction, TierOption
+from exporter.drift.inputs import DriftInput, Prediction
+from exporter.config import TargetSpec
 from exporter.errors import InputError
+from exporter.model import optimizer, perf, resolve_gpu
+from exporter.model.optimizer import Tier
+from exporter.model.architectures import ModelArch
+from exporter.model.gpus import GPU, tier_names
+from exporter.model.kv_cache import kv_capacity
+from exporter.model.resolve import HubSettings, resolve_model, resolve_model_nowait
+from exporter.model.setup import Setup
+from exporter.model.spec_decode import SpecConfig, gain
+from exporter.model.traffic import SLO, Traffic
+from exporter.parse.version import Version, read_version
 
 GIB = 1024**3
 
 
 @dataclass(frozen=True)
 class Resolved:
-    model: Any | None          # ModelArch
-    gpu: Any | None            # GPU
+    model: ModelArch | None
+    gpu: GPU | None
     model_id: str | None
     missing: tuple[str, ...]
     notes: tuple[str, ...]
@@ -31,12 +44,12 @@ class Resolved:
 
 
 def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
-                  served_name: str | None = None, root: str | None = None, hub: Any = None) -> Resolved:
+                  served_name: str | None = None, root: str | None = None, hub: Any = None,
+                  wait: bool = False) -> Resolved:
     """The model through exporter/model/resolve.py (hints, then the /v1/models root and served
     name, the HF cache, the Hub, the catalog), and the GPU hint. A Hub lookup runs in the
-    background: until it answers the model is missing with a note saying so."""
-    from exporter.model import resolve_gpu
-    from exporter.model.resolve import HubSettings, resolve_model_nowait
+    background (unless `wait`, for one-shot callers): until it answers the model is missing with a
+    note saying so and `pending` set."""
 
     notes: list[str] = []
     missing: list[str] = []
@@ -46,7 +59,8 @@ def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
     pending = False
     try:
         # without settings from the config (scan, tests): no network, the local sources only
-        found = resolve_model_nowait(hints, served_name, root, settings=hub or HubSettings(offline=True))
+        lookup = resolve_model if wait else resolve_model_nowait
+        found = lookup(hints, served_name, root, settings=hub or HubSettings(offline=True))
     except InputError as exc:
         found = None
         missing.append("model")
@@ -77,19 +91,99 @@ def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
     return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes), pending=pending)
 
 
-def _version(text: str | None):
-    from exporter.model.setup import parse_version
+@dataclass(frozen=True)
+class Identity:
+    """Who a (target, served model) is: every hint (config, file_sd labels, scan flags,
+    `/v1/models` root) resolved once. The catalog model and GPU are None when unknown, with the
+    missing hint named in `resolved`."""
+
+    target: str
+    model_name: str
+    resolved: Resolved
+    tp: int = 1
+    pp: int = 1
+    quantization: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def gpu(self) -> str | None:
+        return self.resolved.gpu.name if self.resolved.gpu is not None else None
+
+
+def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
+             hub: HubSettings | None = None, wait: bool = False) -> Identity:
+    """The target spec's hints (its fields, else its labels) resolved for one served model: the
+    model through exporter/model/resolve.py (hints, /v1/models root, served name, HF cache, Hub
+    when `hub` allows it, catalog). `identity.resolved.pending` while a Hub lookup runs."""
+    labels = spec.labels or {}
+
+    def hint(name: str) -> Any:
+        return getattr(spec, name, None) or labels.get(name)
+
+    def hint_int(name: str) -> int | None:
+        v = hint(name)
+        try:
+            return int(v) if v else None
+        except (TypeError, ValueError):
+            return None
+    res = resolve_hints([spec.model, labels.get("model")], hint("gpu"), served_name=model_name, root=root,
+                        hub=hub, wait=wait)
+    return Identity(spec.url, model_name, res,
+                    tp=hint_int("tp") or 1, pp=hint_int("pp") or 1, quantization=hint("quantization"),
+                    max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"))
+
+
+def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
+                spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float],
+                calibration: perf.Calibration | None = None) -> Prediction:
+    """The prediction seam: given who the target is and what was observed, what the model says
+    (KV capacity, TPOT at the observed load, spec-decode gains, tiers), with its `basis`."""
+    traffic = {"prompt_mean": x.prompt_mean, "output_mean": x.output_mean, "prompt_p99": x.prompt_p99,
+               "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
+               "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
+               "spec_k": x.spec_k}
+    return predict(ident.resolved, tp=ident.tp, pp=ident.pp, quantization=ident.quantization,
+                   cache_dtype=x.cache_dtype, gpu_memory_utilization=x.gpu_memory_utilization,
+                   max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
+                   max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
+                   vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
+                   traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
+                   calibration=calibration)
+
+
+def setup_for(ident: Identity, x: DriftInput, vllm_version: str | None) -> Setup | None:
+    """The calculator's setup of this target (None when the model or GPU is unknown, or the
+    calculator refuses it): what `predict_for` predicts from, for calibration."""
+    res = ident.resolved
+    if res.model is None or res.gpu is None:
+        return None
     try:
-        return parse_version(text)
+        return _setup(res.model, res.gpu, int(ident.tp), int(ident.pp), ident.quantization,
+                      _kv_dtype(x.cache_dtype), x.gpu_memory_utilization,
+                      int(x.max_model_len) if x.max_model_len else None, x.max_num_seqs,
+                      x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
+                      read_version(vllm_version))
     except InputError:
         return None
 
 
+def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
+    """Snap the traffic to a geometric grid of 10% steps, so the calculator's caches (tier
+    ranking is the costly part) hit across windows of steady traffic."""
+    out = {}
+    for k, v in traffic.items():
+        if v is None or v <= 0:
+            out[k] = v
+        else:
+            out[k] = float(f"{1.1 ** round(math.log(v) / math.log(1.1)):.4g}")
+    return out
+
+
 @lru_cache(maxsize=512)
-def _setup(model: Any, gpu: Any, tp: int, pp: int, quantization: str | None, kv_dtype: str,
+def _setup(model: ModelArch, gpu: GPU, tp: int, pp: int, quantization: str | None, kv_dtype: str,
            util: float | None, max_model_len: int | None, max_num_seqs: int | None,
            mnbt: int | None, block_size: int | None, version: tuple | None):
-    from exporter.model.setup import Setup
     return Setup.build(model, gpu, tp=tp, pp=pp, quantization=quantization, kv_cache_dtype=kv_dtype,
                        gpu_memory_utilization=util, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
@@ -105,19 +199,19 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             gpu_memory_utilization: float | None, max_model_len: float | None,
             max_num_seqs: int | None, max_num_batched_tokens: int | None, block_size: float | None,
             vllm_version: str | None, traffic: Mapping[str, float | None],
-            slo: Mapping[str, float | None], prices: Mapping[str, float]) -> Prediction:
+            slo: Mapping[str, float | None], prices: Mapping[str, float],
+            calibration: perf.Calibration | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note."""
     notes = list(res.notes)
     if res.model is None or res.gpu is None:
         return Prediction(notes=tuple(notes))
-    from exporter.model.kv_cache import kv_capacity
 
     try:
         setup = _setup(res.model, res.gpu, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
                        gpu_memory_utilization, int(max_model_len) if max_model_len else None,
                        max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
-                       _version(vllm_version))
+                       read_version(vllm_version))
         cap = kv_capacity(setup, check_fits=False)
     except InputError as exc:
         notes.append(f"calculator: {exc}")
@@ -129,7 +223,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
                                 kv_cache_gib=cap.memory.kv_cache_gib, gpu_memory_gib=setup.gpu_memory_gib,
                                 fp8_kv_supported=fp8, current_cost_per_hour=cost,
                                 default_max_num_seqs=None if max_num_seqs else setup.max_num_seqs)
-    pred.update(_performance(setup, traffic, slo, prices, notes))
+    pred.update(_performance(setup, traffic, slo, prices, notes, calibration))
     return Prediction(**pred, notes=tuple(notes))
 
 
@@ -138,12 +232,12 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
 DEFAULT_SLO = {"ttft": 2.0, "tpot": 0.150}
 
 
-def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
-                 prices: Mapping[str, float], notes: list[str]) -> dict[str, Any]:
+def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
+                 prices: Mapping[str, float], notes: list[str],
+                 calibration: perf.Calibration | None = None) -> dict[str, Any]:
     """TPOT at the observed load, the replica's sustainable rate at the SLOs, the spec-decode
     speed-up and the tier ranking, from `exporter.model.perf` and `exporter.model.optimizer`."""
     out: dict[str, Any] = {}
-    from exporter.model.traffic import SLO, Traffic
 
     prompt, output = traffic.get("prompt_mean"), traffic.get("output_mean")
     if not prompt or not output or prompt < 1 or output < 1:
@@ -161,29 +255,29 @@ def _performance(setup, traffic: Mapping[str, float | None], slo: Mapping[str, f
         per_pos = traffic.get("spec_per_position")
         out.update(_latency(setup, tr, s, traffic.get("running_mean"), traffic.get("spec_k"),
                             tuple(per_pos) if per_pos else None, traffic.get("spec_draft_cost"),
-                            want_table=slo.get("tpot") is not None))
+                            want_table=slo.get("tpot") is not None, calibration=calibration))
     except (InputError, ArithmeticError, ValueError) as exc:
         notes.append(f"calculator latency: {exc}")
     if tr.arrival_rate_rps:
         try:
             tiers = _rank(setup.model, _coarse(tr), s, tuple(sorted(prices.items())), setup.quantization,
                           setup.kv_cache_dtype, setup.vllm_version, setup.gpu.name)
-            out["tiers"] = tuple(_tier(t) for t in tiers if t.meets_slo is not False)  # None: no SLO given, every tier serves
+            # meets_slo None: no SLO given, every tier serves
+            out["tiers"] = tuple(t for t in tiers if t.meets_slo is not False)
         except (InputError, ArithmeticError, ValueError) as exc:
             notes.append(f"calculator tiers: {exc}")
     return out
 
 
-def _coarse(tr: Any) -> Any:
+def _coarse(tr: Traffic) -> Traffic:
     """The traffic on a 25% grid for the tier ranking (the costly call): tiers are priced in whole
     GPUs and replicas, so finer changes rarely move the answer, and steady traffic hits the cache."""
-    from dataclasses import replace as _replace
 
     def snap(v: float | None) -> float | None:
         if v is None or v <= 0:
             return v
         return float(f"{1.25 ** math.ceil(math.log(v) / math.log(1.25) - 1e-9):.4g}")
-    return _replace(tr, prompt_tokens_mean=max(1.0, snap(tr.prompt_tokens_mean)),
+    return replace(tr, prompt_tokens_mean=max(1.0, snap(tr.prompt_tokens_mean)),
                     output_tokens_mean=max(1.0, snap(tr.output_tokens_mean)),
                     prompt_tokens_p99=snap(tr.prompt_tokens_p99), output_tokens_p99=snap(tr.output_tokens_p99),
                     arrival_rate_rps=snap(tr.arrival_rate_rps),
@@ -195,23 +289,24 @@ def _coarse(tr: Any) -> Any:
 CONSUMER_GPUS = ("RTX-3090-24GB", "RTX-4090-24GB")
 
 
-def _latency(setup: Any, tr: Any, s: Any, running: float | None, k: float | None,
-             per_pos: tuple[float, ...] | None, draft_cost: float | None, want_table: bool) -> dict[str, Any]:
+def _latency(setup: Setup, tr: Traffic, s: SLO, running: float | None, k: float | None,
+             per_pos: tuple[float, ...] | None, draft_cost: float | None, want_table: bool,
+             calibration: perf.Calibration | None = None) -> dict[str, Any]:
     """The latency side, in cached pieces: the costly ones (SLO-feasible capacity, TPOT per
-    batch) on the coarse traffic grid, TPOT at the running batch on the fine one."""
+    batch) on the coarse traffic grid, TPOT at the running batch on the fine one. `calibration`:
+    this server's fitted step-time factors (on a coarse grid too, so steady pools hit the cache)."""
     out: dict[str, Any] = {}
     coarse = _coarse(tr)
     if running and running >= 1:
-        out["tpot_s"] = _tpot(setup, coarse, max(1, int(round(running))))
+        out["tpot_s"] = _tpot(setup, coarse, max(1, int(round(running))), calibration)
     if want_table:
-        out["tpot_at"] = dict(_tpot_table(setup, coarse))
-    rate, b_cap = _capacity(setup, coarse, s)
+        out["tpot_at"] = dict(_tpot_table(setup, coarse, calibration))
+    rate, b_cap = _capacity(setup, coarse, s, calibration)
     out["current_max_rps"] = rate
     out["capacity_batch"] = b_cap
     if not k and running:
         out["spec_missed_speedup"] = _missed_gain(setup, coarse, max(1, int(round(running))))
     if k and k >= 1:
-        from exporter.model.spec_decode import SpecConfig, gain
         spec = SpecConfig(num_tokens=int(round(k)), alpha=0.0, per_position=per_pos, draft_cost=draft_cost)
         ctx = tr.prompt_tokens_mean + tr.output_tokens_mean / 2.0
         out["spec_speedup"] = float(gain(setup, spec, int(max(1, round(running or 1))), ctx).speedup)
@@ -228,43 +323,31 @@ ASSUMED_SPEC = {"num_tokens": 3, "alpha": 0.6, "method": "eagle"}
 
 
 @lru_cache(maxsize=1024)
-def _missed_gain(setup: Any, tr: Any, batch: int) -> float:
-    from exporter.model.spec_decode import SpecConfig, gain
+def _missed_gain(setup: Setup, tr: Traffic, batch: int) -> float:
     ctx = tr.prompt_tokens_mean + tr.output_tokens_mean / 2.0
     return float(gain(setup, SpecConfig(**ASSUMED_SPEC), batch, ctx).speedup)
 
 
 @lru_cache(maxsize=1024)
-def _tpot(setup: Any, tr: Any, batch: int) -> float:
-    from exporter.model import perf
-    return float(perf.predict(setup, tr, concurrency=batch).tpot_s)
+def _tpot(setup: Setup, tr: Traffic, batch: int, cal: perf.Calibration | None = None) -> float:
+    return float(perf.predict(setup, tr, concurrency=batch, calibration=cal).tpot_s)
 
 
 @lru_cache(maxsize=256)
-def _tpot_table(setup: Any, tr: Any) -> tuple[tuple[int, float], ...]:
-    from exporter.model import perf
-    return tuple((b, float(perf.predict(setup, tr, concurrency=b).tpot_s))
+def _tpot_table(setup: Setup, tr: Traffic, cal: perf.Calibration | None = None) -> tuple[tuple[int, float], ...]:
+    return tuple((b, float(perf.predict(setup, tr, concurrency=b, calibration=cal).tpot_s))
                  for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= setup.max_num_seqs)
 
 
 @lru_cache(maxsize=256)
-def _capacity(setup: Any, tr: Any, s: Any) -> tuple[float | None, int | None]:
-    from exporter.model import optimizer
-    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s)
+def _capacity(setup: Setup, tr: Traffic, s: SLO, cal: perf.Calibration | None = None) -> tuple[float | None, int | None]:
+    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s, calibration=cal)
     return (float(rate) if rate > 0 else None), (int(b_cap) if b_cap else None)
 
 
 @lru_cache(maxsize=256)
-def _rank(model: Any, tr: Any, slo: Any, prices: tuple, quantization: str | None, kv_dtype: str,
-          version: tuple, current_gpu: str) -> tuple:
-    from exporter.model import optimizer
-    from exporter.model.gpus import tier_names
+def _rank(model: ModelArch, tr: Traffic, slo: SLO, prices: tuple[tuple[str, float], ...],
+          quantization: str | None, kv_dtype: str, version: Version, current_gpu: str) -> tuple[Tier, ...]:
     gpus = [g for g in tier_names() if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
     return tuple(optimizer.rank_tiers(model, tr, slo, gpus=gpus, prices=dict(prices), quantization=quantization,
                                       kv_cache_dtype=kv_dtype, vllm_version=version))
-
-
-def _tier(t: Any) -> TierOption:
-    """`exporter.model.optimizer.Tier` -> the drift engine's own small value."""
-    return TierOption(gpu=t.gpu, tp=int(t.tp), replicas=int(t.replicas),
-                      dollars_per_hour=float(t.dollars_per_hour), meets_slo=t.meets_slo is not False)

@@ -2,7 +2,7 @@
 
 Why: the rules see one window at a time, and a window on the edge of a threshold would raise and
 clear a finding every evaluation. A `Tracker` (one per target and served model, kept by the
-Evaluator across calls and persisted across restarts) turns raw rule output into the findings
+drift engine across calls and persisted across restarts) turns raw rule output into the findings
 the daemon exports:
 
 - a finding at `warning` or above becomes active only after `raise_after` consecutive

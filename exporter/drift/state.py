@@ -22,7 +22,6 @@ log = structlog.get_logger("vllm_drift")
 
 STATE_VERSION = 1
 STATE_FILE = "drift-state.json"
-OPERATIONS = ("load", "save", "set_aside")
 
 
 class StateStore:

@@ -92,8 +92,3 @@ class Renderer:
                 append(f"# HELP {base}{suffix} {doc}\n# TYPE {base}{suffix} gauge\n")
                 out.extend(lines)
         return "".join(out).encode("utf-8")
-
-
-def render_registry(registry, renderer: Renderer | None = None) -> bytes:
-    return (renderer or Renderer()).render(registry.collect())
-

@@ -254,6 +254,8 @@ def _mean_rel_error(meas: Sequence[Measurement], cal: Calibration) -> float:
 # A measured row the fitted model misses by more than this (relative, TPOT or TTFT) is an outlier:
 # a load the row does not describe (a client-side concurrency cap, a warm-up, a co-tenant).
 OUTLIER = math.log(1.5)
+# A fit held at a physical bound is still used when its error on the rows stays under this.
+ACCEPTABLE_ERROR = 0.05
 
 
 def fit_rows(prior: Calibration, meas: Sequence[Measurement],
@@ -281,11 +283,16 @@ def fit_rows(prior: Calibration, meas: Sequence[Measurement],
         judge = [max((abs(v) for v in _residuals(m, prior)[0]), default=0.0) for m in kept]
         outliers.append(kept.pop(int(np.argmax(judge))).label)
     cov_t = tuple(tuple(float(v) for v in row) for row in cov)
+    fit_err = _mean_rel_error(kept, cal)
     broke = physical(prior, names, free, PHYSICS_TOLERANCE)
     if broke:
-        return Fit(prior, names, tuple(float(v) for v in free), cov_t, prior_err, prior_err,
-                   len(kept), rejected=broke, outliers=tuple(outliers))
-    return Fit(cal, names, tuple(float(v) for v in x), cov_t, _mean_rel_error(kept, cal), prior_err,
+        # the best fit lies outside physics; the bounded one is kept only if it explains the rows
+        # nearly as well (the excess was noise the prior's other factors absorb), else rejected
+        free_err = _mean_rel_error(kept, apply(prior, names, free))
+        if fit_err > max(1.5 * free_err, ACCEPTABLE_ERROR):
+            return Fit(prior, names, tuple(float(v) for v in free), cov_t, prior_err, prior_err,
+                       len(kept), rejected=broke, outliers=tuple(outliers))
+    return Fit(cal, names, tuple(float(v) for v in x), cov_t, fit_err, prior_err,
                len(kept), outliers=tuple(outliers))
 
 

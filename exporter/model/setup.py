@@ -7,15 +7,13 @@ model reads plain resolved values.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from exporter.errors import InputError
+from exporter.parse.version import Version, read_version
 from exporter.model.architectures import (DTYPE_BYTES, ModelArch, normalize_quantization,
                                           resolve_model)
 from exporter.model.gpus import GPU, resolve_gpu
-
-Version = tuple[int, int, int]
 
 # Version milestones (vLLM releases) that change capacity accounting. Sources:
 # ../shared/reference/perf-model.md section 1.1 "Version history".
@@ -38,12 +36,10 @@ def parse_version(text: str | tuple | None) -> Version:
     """'0.19.0', 'v0.11.2', '0.6.4.post1' -> (0, 19, 0); None -> the default."""
     if text is None or text == "":
         return DEFAULT_VLLM_VERSION
-    if isinstance(text, tuple):
-        return tuple(int(x) for x in (*text, 0, 0)[:3])  # type: ignore[return-value]
-    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
-    if not m:
+    version = read_version(text)
+    if version is None:
         raise InputError(f"--vllm-version: cannot read {text!r} (expected X.Y.Z)")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    return version
 
 
 @dataclass(frozen=True)

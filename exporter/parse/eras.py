@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from exporter.parse.version import Version, format_version, read_version
+
 V0, V1 = "v0", "v1"
 
 
@@ -162,7 +164,6 @@ BY_ERA: dict[str, dict[str, MetricName]] = {
 
 # Names only one engine ever declared: their presence tells the era (§3.1).
 V0_ONLY = frozenset(BY_ERA[V0]) - frozenset(BY_ERA[V1])
-V1_ONLY = frozenset(BY_ERA[V1]) - frozenset(BY_ERA[V0])
 # HELP of vllm:num_requests_running (§3.1).
 V1_RUNNING_HELP = "Number of requests in model execution batches."
 V0_RUNNING_HELP = "Number of requests currently running on GPU."
@@ -208,8 +209,11 @@ ROUTER_ONLY = frozenset((
 ROUTER_LABEL = "server"
 
 
-def version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in v.split("."))
+def version_tuple(v: str) -> Version:
+    got = read_version(v)
+    if got is None:
+        raise ValueError(f"not a vLLM version: {v!r}")
+    return got
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +248,8 @@ def guess_version(names: frozenset[str], era: str,
                   complete: bool) -> VersionRange:
     """Bound the version from the names present (and, for a complete V1 scrape, the always-on
     names absent) and from the `cache_config_info` label set."""
-    low: tuple[int, ...] = ()
-    high: tuple[int, ...] | None = None
+    low: Version | tuple[()] = ()
+    high: Version | None = None
     high_excl = False
 
     def lower(v: str) -> None:
@@ -282,5 +286,5 @@ def guess_version(names: frozenset[str], era: str,
         lower("0.7.1")
     if high is not None and low and (high < low or (high == low and high_excl)):
         return VersionRange()  # contradictory evidence (a patched build?): claim nothing
-    return VersionRange(".".join(map(str, low)) if low else None,
-                        ".".join(map(str, high)) if high is not None else None, high_excl)
+    return VersionRange(format_version(low) if low else None,
+                        format_version(high) if high is not None else None, high_excl)

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from exporter.parse.cache_config import CacheConfig, read_cache_config
+
 # Canonical keys. Gauges are instantaneous values (summed over data-parallel engines, except
 # kv_cache_usage which is the max); counters are monotonic totals summed over engines.
 GAUGES = (
@@ -117,15 +119,12 @@ class Snapshot:
     version_guess: str | None = None       # from the names/labels seen, e.g. ">=0.10.1,<0.10.2"
     notes: tuple[str, ...] = ()            # what could not be canonicalised, and why
 
+    @property
+    def config(self) -> CacheConfig:
+        """The cache config, typed (`exporter.parse.cache_config`)."""
+        return read_cache_config(self.cache_config)
+
     def kv_cache_tokens(self) -> int | None:
         """KV capacity in tokens: `kv_cache_size_tokens` (0.24+, hybrid-aware), else
         num_gpu_blocks x block_size."""
-        cfg = self.cache_config
-        try:
-            return int(float(cfg["kv_cache_size_tokens"]))
-        except (KeyError, ValueError):
-            pass
-        try:
-            return int(float(cfg["num_gpu_blocks"])) * int(float(cfg["block_size"]))
-        except (KeyError, ValueError):
-            return None
+        return self.config.kv_cache_tokens

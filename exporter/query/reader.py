@@ -83,7 +83,6 @@ class PrometheusReader:
         self._pending: list[tuple[str, asyncio.Future]] = []
         self._reader = Reader(("vllm:", "up"))     # federate mode
         self._flusher: asyncio.Future | None = None
-        self.refreshed = False
 
     def _report(self, message: str) -> None:
         if self.on_error:
@@ -142,7 +141,6 @@ class PrometheusReader:
                 specs.append(spec)
         specs.sort(key=lambda t: t.url)
         self._targets, self._label_of = specs, label_of
-        self.refreshed = True
         return True
 
     def _snapshots(self, url: str, series: list[tuple[dict[str, str], float]], at: float) -> list[Snapshot]:

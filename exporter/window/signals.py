@@ -1,4 +1,4 @@
-"""The `observed` object of `scan --json` and `/api/v1/findings` (INTERFACE.md).
+"""The `observed` object of `scan --json` and `/api/v1/findings`.
 
 Why here: it is the one place where a Snapshot (instantaneous gauges, lifetime counters, the
 served configuration) and a window summary (rates and quantiles) meet, with a fixed rule for
@@ -31,41 +31,16 @@ def _num(v: float | None) -> float | None:
     return v
 
 
-def _int_label(cfg: dict | Any, key: str) -> int | None:
-    try:
-        v = float(cfg[key])
-    except (KeyError, ValueError, TypeError):
-        return None
-    return int(v) if math.isfinite(v) else None
-
-
-def _float_label(cfg: dict | Any, key: str) -> float | None:
-    try:
-        v = float(cfg[key])
-    except (KeyError, ValueError, TypeError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _bool_label(cfg: dict | Any, key: str) -> bool | None:
-    v = cfg.get(key)
-    return {"True": True, "true": True, "False": False, "false": False}.get(v) if v else None
-
-
-def _str_label(cfg: dict | Any, key: str) -> str | None:
-    v = cfg.get(key)
-    return None if v in (None, "", "None") else v
-
-
 def _window_ok(observed: Observed | None) -> bool:
     return observed is not None and observed.samples >= 2 and observed.duration_s > 0
 
 
 def observed_signals(snapshot: Snapshot, observed: Observed | None = None, *,
                      max_model_len: int | None = None) -> dict[str, Any]:
-    """Every INTERFACE.md `observed` key (None when absent), plus extra keys: window rates
-    (`*_per_s`), more quantiles, gauge means/maxima, the era and version guess."""
-    g, c, h, cfg = snapshot.gauges, snapshot.counters, snapshot.histograms, snapshot.cache_config
+    """Every `observed` key of the findings contract (`OBSERVED_KEYS`, None when absent), plus
+    extra keys: window rates (`*_per_s`), more quantiles, gauge means/maxima, the era and
+    version guess."""
+    g, c, h, cfg = snapshot.gauges, snapshot.counters, snapshot.histograms, snapshot.config
     window = _window_ok(observed)
     out: dict[str, Any] = {
         "kv_cache_usage": _num(g.get("kv_cache_usage")),
@@ -121,15 +96,15 @@ def observed_signals(snapshot: Snapshot, observed: Observed | None = None, *,
     out["latency_source"] = source
 
     # configuration the server reports
-    out["num_gpu_blocks"] = _int_label(cfg, "num_gpu_blocks")
-    out["block_size"] = _int_label(cfg, "block_size")
-    out["kv_cache_tokens"] = snapshot.kv_cache_tokens()
-    out["gpu_memory_utilization"] = _float_label(cfg, "gpu_memory_utilization")
-    out["enable_prefix_caching"] = _bool_label(cfg, "enable_prefix_caching")
-    out["cache_dtype"] = _str_label(cfg, "cache_dtype")
+    out["num_gpu_blocks"] = cfg.num_gpu_blocks
+    out["block_size"] = cfg.block_size
+    out["kv_cache_tokens"] = cfg.kv_cache_tokens
+    out["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    out["enable_prefix_caching"] = cfg.enable_prefix_caching
+    out["cache_dtype"] = cfg.cache_dtype
     out["max_model_len"] = max_model_len
-    out["kv_cache_max_concurrency"] = _float_label(cfg, "kv_cache_max_concurrency")
-    out["sliding_window"] = _int_label(cfg, "sliding_window")
+    out["kv_cache_max_concurrency"] = cfg.kv_cache_max_concurrency
+    out["sliding_window"] = cfg.sliding_window
     # the largest finite request_prompt_tokens bucket: vLLM builds them up to max_model_len
     prompt_hist = h.get("prompt_tokens")
     finite = [b for b in (prompt_hist.bounds if prompt_hist else ()) if math.isfinite(b)]

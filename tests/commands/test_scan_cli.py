@@ -1,0 +1,117 @@
+"""`vllm-drift scan --json` on every real capture: the canonical values the exposition holds, read
+independently here with prometheus_client's parser; stdin; a live URL over loopback."""
+import json
+import subprocess
+import sys
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import loopback
+from conftest import SHARED, VLLM_CPU
+
+CPU = VLLM_CPU
+INTERFACE_KEYS = {"kv_cache_usage", "num_requests_running", "num_requests_waiting", "num_preemptions_total",
+                  "prompt_tokens_total", "generation_tokens_total", "prefix_cache_hit_ratio",
+                  "spec_decode_acceptance_rate", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                  "num_gpu_blocks", "block_size", "kv_cache_tokens", "gpu_memory_utilization",
+                  "enable_prefix_caching", "cache_dtype", "max_model_len"}
+
+
+def scan(*args, stdin=None):
+    out = subprocess.run([sys.executable, "-m", "exporter", "scan", "--json", *map(str, args)], input=stdin,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    return json.loads(out.stdout)
+
+
+def truth(text: str) -> dict:
+    fam = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def total(name):
+        f = fam.get(name)
+        return None if f is None else sum(s.value for s in f.samples if s.name.endswith("_total"))
+
+    def gauge(name, agg=sum):
+        f = fam.get(name)
+        return None if f is None else agg(s.value for s in f.samples)
+    kv = gauge("vllm:kv_cache_usage_perc", max)
+    t = {"kv_cache_usage": kv if kv is not None else gauge("vllm:gpu_cache_usage_perc", max),
+         "num_requests_running": gauge("vllm:num_requests_running"),
+         "num_requests_waiting": gauge("vllm:num_requests_waiting"),
+         "num_preemptions_total": total("vllm:num_preemptions"),
+         "prompt_tokens_total": total("vllm:prompt_tokens"),
+         "generation_tokens_total": total("vllm:generation_tokens")}
+    info = fam.get("vllm:cache_config")
+    if info and info.samples:
+        lab = info.samples[0].labels
+        t["num_gpu_blocks"] = int(lab["num_gpu_blocks"])
+        t["block_size"] = int(lab["block_size"])
+        t["gpu_memory_utilization"] = float(lab["gpu_memory_utilization"])
+        t["enable_prefix_caching"] = lab["enable_prefix_caching"] == "True"
+        t["cache_dtype"] = lab["cache_dtype"]
+        t["kv_cache_tokens"] = int(float(lab["kv_cache_size_tokens"])) if lab.get("kv_cache_size_tokens", "None") != "None" \
+            else t["num_gpu_blocks"] * t["block_size"]
+    return {k: v for k, v in t.items() if v is not None}
+
+
+def all_captures():
+    shared = SHARED / "fixtures" / "prom"
+    return sorted(shared.glob("*.prom")) + sorted(CPU.glob("*.prom"))
+
+
+@pytest.mark.parametrize("path", all_captures(), ids=lambda p: p.name)
+def test_scan_reports_the_values_each_capture_holds(path):
+    doc = scan(path)
+    [t] = doc["targets"]
+    assert INTERFACE_KEYS <= set(t["observed"])
+    expected = truth(path.read_text(encoding="utf-8"))
+    assert expected, "the capture holds canonical values"
+    for key, value in expected.items():
+        got = t["observed"][key]
+        assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
+    assert t["engine_era"] in ("v0", "v1") and t["model_name"]
+    assert {"finding", "severity", "score", "parameter", "configured", "recommended", "explanation"} <= \
+        set((t["findings"] or [{}])[0]) or t["findings"] == []
+
+
+def test_specific_values_of_the_shared_captures(shared):
+    t = scan(shared("fixtures", "prom", "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"))["targets"][0]
+    o = t["observed"]
+    assert (o["num_gpu_blocks"], o["block_size"], o["kv_cache_tokens"]) == (850, 16, 13600)
+    assert o["request_success_total"] == 6 and o["gpu_memory_utilization"] == 0.9 and t["engine_era"] == "v1"
+    assert 0 < o["kv_cache_usage"] < 0.01 and o["ttft_p99_s"] > o["ttft_p50_s"] > 0
+    v0 = scan(shared("fixtures", "prom", "vllm-0.7.0-v0-aibrix-qwen2.5-coder-1.5b.partial.prom"))["targets"][0]
+    assert v0["engine_era"] == "v0" and v0["observed"]["num_gpu_blocks"] == 81767
+    assert v0["observed"]["spec_decode_acceptance_rate"] is None   # absent, never zero
+
+
+def test_stdin_and_a_pair_for_rates():
+    a, b = CPU / "vllm-0.32.0-cpu-load-a.prom", CPU / "vllm-0.32.0-cpu-load-b.prom"
+    if not a.exists():
+        pytest.skip("vllm-cpu captures not present")
+    single = scan("-", stdin=a.read_bytes())["targets"][0]
+    assert single["target"] == "-" and single["observed"]["generation_tokens_total"] > 0
+    pair = scan(a, "--after", b, "--interval", 30)["targets"][0]
+    ta, tb = truth(a.read_text()), truth(b.read_text())
+    rate = (tb["generation_tokens_total"] - ta["generation_tokens_total"]) / 30
+    assert pair["observed"]["generation_tokens_per_s"] == pytest.approx(rate, rel=1e-6)
+
+
+def test_scan_a_live_url_twice_for_rates(shared):
+    body = shared("fixtures", "prom", "vllm-0.11.0-v1-idle-qwen1.5-0.5b.prom").read_bytes()
+    routes = {"/metrics": body, "/version": b'{"version": "0.11.0"}',
+              "/v1/models": b'{"data": [{"id": "Qwen/Qwen1.5-0.5B-Chat", "max_model_len": 4096}]}'}
+    with loopback.Site(loopback.static(routes)) as site:
+        doc = scan(site.url, "--interval", "0.5")
+    [t] = doc["targets"]
+    assert t["vllm_version"] == "0.11.0" and t["observed"]["max_model_len"] == 4096
+    assert site.requests.count("/metrics") == 2
+
+
+def test_scan_errors_exit_2(tmp_path):
+    for args, words in (([str(tmp_path / "missing.prom")], "cannot read"),
+                        (["http://127.0.0.1:1"], "cannot connect"),
+                        ([str(tmp_path), "--after", "x", "--interval", "-1"], "")):
+        out = subprocess.run([sys.executable, "-m", "exporter", "scan", *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, out.stderr

@@ -1,0 +1,80 @@
+"""The fast exposition writer gives exactly `prometheus_client.generate_latest`'s bytes: on the
+daemon's families built from a real capture's evaluation, and on edge values and labels."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
+                                    InfoMetricFamily, SummaryMetricFamily)
+
+from exporter.config import Config, TargetSpec
+from exporter.export.collector import FleetCollector, FleetView, TargetView
+from exporter.export.render import Renderer
+from exporter.parse import parse_vllm
+from exporter.pipeline import Pipelines
+
+
+class Fixed:
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return list(self.families)
+
+
+def same(families) -> bool:
+    r = Renderer()
+    want = generate_latest(Fixed(families))
+    return r.render(families) == want and r.render(families) == want    # cold, then cached heads
+
+
+def test_daemon_families_from_real_captures(captures):
+    fleet = Pipelines(Config())
+    views = []
+    for i, (name, body) in enumerate(sorted(captures.items())):
+        url = f"http://10.0.0.{i}:8000"
+        snaps = parse_vllm(body, target=url, timestamp=1000.0)
+        reports = []
+        for snap in snaps:
+            pipe = fleet.pipeline(TargetSpec(url=url, gpu="H100"), snap.model_name, window_s=600.0)
+            pipe.observe(snap)
+            pipe.observe(dataclasses.replace(snap, timestamp=1060.0))
+            reports.append(pipe.evaluate(None, 1060.0))
+        views.append(TargetView(url, "static", True, 0.01, 1060.0, {"timeout": 2.0, "parse": 1.0}, "0.10.1",
+                                {s.model_name: s.engine_era for s in snaps}, tuple(reports)))
+    views.append(TargetView('http://x:1/"quoted"\\path\nnl', "file_sd", False, None, None, {}, None, {}, ()))
+    collector = FleetCollector()
+    collector.view = FleetView(tuple(views), 1060.0, 0.2, 1.0, 2.0, 900.0, {"kubernetes": 3.0}, 0.5, 7.0, {}, True)
+    families = list(collector.collect())
+    assert sum(len(f.samples) for f in families) > 50
+    assert same(families)
+
+
+def test_edge_values_types_and_escapes():
+    g = GaugeMetricFamily("g", 'doc with \\ and\nnewline', labels=["a", "b"])
+    for i, v in enumerate([0.0, -0.0, 1, 1.5, 999999.0, 1e6, 1234567.0, 1e15, 1e16, 1e22, -1e7, 2.5e-9,
+                           math.inf, -math.inf, math.nan, 123456789012.0]):
+        g.add_metric([f"v{i}", 'x"y\\z\nw'], v)
+    c = CounterMetricFamily("c", "a counter", labels=["k"], created=12.5)
+    c.add_metric(["1"], 3.0, created=1700000000.25)
+    c.add_metric(["2"], 4.0, timestamp=1700000000.123)
+    h = HistogramMetricFamily("h", "hist", labels=["m"])
+    h.add_metric(["x"], buckets=[("0.5", 1.0), ("+Inf", 3.0)], sum_value=2.25)
+    s = SummaryMetricFamily("s", "sum", count_value=3, sum_value=1.5)
+    info = InfoMetricFamily("build", "info", labels=["version"])
+    info.add_metric(["1.2"], {"commit": "abc"})
+    empty = GaugeMetricFamily("empty", "no samples")
+    assert same([g, c, h, s, info, empty])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=12), st.floats(allow_nan=True, allow_infinity=True)), min_size=0, max_size=8))
+def test_any_label_value_and_float(rows):
+    g = GaugeMetricFamily("vllm_drift_x", "x", labels=["target"])
+    for label, value in rows:
+        g.add_metric([label], value)
+    assert same([g])

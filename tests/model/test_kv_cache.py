@@ -1,0 +1,224 @@
+"""KV-cache capacity: hand-computable page arithmetic, real vLLM startup lines, impossible setups."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import re
+
+import pytest
+
+from exporter.errors import InputError
+from exporter.model.kv_cache import (GIB, blocks_per_request, bytes_per_token, capacity_from_pool,
+                                     kv_capacity, kv_groups, weights_bytes)
+from exporter.model.setup import Setup
+
+from conftest import REPO
+SHARED = REPO.parent / "shared"
+
+
+def setup(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100", **kw):
+    kw.setdefault("max_model_len", 8192)
+    kw.setdefault("gpu_memory_utilization", 0.95)
+    kw.setdefault("vllm_version", "0.19.0")
+    return Setup.build(model, gpu, **kw)
+
+
+# ---- bytes per token, by hand -----------------------------------------------------------------
+
+def test_llama_31_8b_bytes_per_token():
+    # 2 (K and V) x 32 layers x 8 KV heads x 128 dims x 2 bytes
+    assert bytes_per_token(setup()) == 2 * 32 * 8 * 128 * 2 == 131072
+    assert bytes_per_token(setup(kv_cache_dtype="fp8")) == 65536
+    assert bytes_per_token(setup(dtype="float32")) == 262144
+    assert bytes_per_token(setup(tp=2)) == 65536           # KV heads split over TP
+    assert bytes_per_token(setup(tp=16)) == 2 * 32 * 1 * 128 * 2  # more ranks than heads: one each
+
+
+def test_mla_is_replicated_not_divided_by_tp():
+    for tp in (1, 2, 4):
+        # 27 layers x (kv_lora_rank 512 + rope 64) x 2 bytes, the same on every rank
+        assert bytes_per_token(setup("deepseek-ai/DeepSeek-V2-Lite-Chat", tp=tp)) == 27 * 576 * 2 == 31104
+    assert bytes_per_token(setup("deepseek-ai/DeepSeek-V3", "H200", tp=8)) == 61 * 576 * 2 == 70272
+    assert bytes_per_token(setup("deepseek-ai/DeepSeek-V3", "H200", tp=8, kv_cache_dtype="fp8")) == 61 * 576
+
+
+def test_gqa_with_fewer_kv_heads_than_ranks():
+    # Qwen3-30B-A3B: 4 KV heads at TP4 -> 1 per rank: 2 x 48 x 1 x 128 x 2 (reference section 1.3)
+    assert bytes_per_token(setup("Qwen/Qwen3-30B-A3B", tp=4)) == 24576
+
+
+def test_pipeline_stage_holds_its_share_of_layers():
+    assert bytes_per_token(setup(pp=2)) == 131072 // 2
+
+
+# ---- hybrid groups and padding -------------------------------------------------------------------
+
+def test_gemma3_sliding_window_groups_and_padding():
+    s = setup("google/gemma-3-27b-it")
+    g = kv_groups(s)
+    # 52 sliding + 10 full layers: group size 10, 6 sliding groups (8 padding layers) + 1 full
+    assert g.group_size == 10 and g.kinds.count("sliding") == 6 and g.kinds.count("full") == 1
+    # one 8192-token request: full group 512 blocks; each sliding group
+    # ceil(min(1023 + 8192, 8192) / 16) + 1 = 513 blocks
+    assert blocks_per_request(s, g) == 512 + 6 * 513 == 3590
+
+
+def test_gemma3_window_saves_memory_when_max_model_len_exceeds_the_chunk():
+    s = setup("google/gemma-3-27b-it", max_model_len=65536, max_num_batched_tokens=2048)
+    # full: 4096 blocks; sliding: ceil((1023 + 2048) / 16) + 1 = 193 blocks per group
+    assert blocks_per_request(s) == 4096 + 6 * 193
+
+
+def test_gpt_oss_two_equal_groups_and_token_count():
+    s = setup("openai/gpt-oss-20b", tp=2, gpu_memory_utilization=0.9)
+    g = kv_groups(s)
+    assert (g.group_size, len(g.kinds)) == (12, 2)
+    assert g.page_bytes == 16 * 4 * 64 * 2 * 2  # 16 tokens x 4 heads/rank x 64 dims x K,V x 2 B
+    # the logged startup (vLLM 0.19): 59.32 GiB available -> 323,972 blocks -> 2,591,776 tokens
+    tokens, blocks, _ = capacity_from_pool(s, 59.32 * GIB)
+    assert blocks == pytest.approx(323972, abs=10)
+    assert tokens == blocks // 2 * 16
+
+
+def test_llama_max_concurrency_matches_the_log():
+    # 29,751 blocks logged with "Maximum concurrency ... 58.11x" at 8192 and 232.43x at 2048
+    assert 29751 / blocks_per_request(setup()) == pytest.approx(58.11, abs=0.005)
+    assert 29751 / blocks_per_request(setup(max_model_len=2048)) == pytest.approx(232.43, abs=0.005)
+
+
+def test_min_over_pipeline_stages():
+    s = setup(pp=2)
+    cap = kv_capacity(s)
+    # the last stage (lm_head + sampler) has less room than the first, and it binds
+    assert weights_bytes(s, 1) >= weights_bytes(s, 0)
+    assert cap.memory.activation_gib > 1.5
+
+
+# ---- page arithmetic reproduces real startup lines from the logged pool ------------------------
+
+def _breakdown_rows():
+    path = SHARED / "fixtures" / "kv-memory-breakdown.csv"
+    if not path.exists():
+        pytest.skip(f"shared reference data not found at {path}")
+    return [r for r in csv.DictReader(open(path)) if r["kv_tokens"] and r["pp"] == "1"]
+
+
+def test_logged_pool_gives_the_logged_tokens():
+    rows = _breakdown_rows()
+    assert len(rows) >= 20
+    for r in rows:
+        s = setup(r["model"], tp=int(r["tp"]), dtype=r["dtype"], kv_cache_dtype=r["kv_cache_dtype"],
+                  max_model_len=int(r["max_model_len"]), gpu_memory_utilization=float(r["gpu_memory_utilization"]))
+        tokens, _, _ = capacity_from_pool(s, float(r["kv_cache_gib"]) * GIB)
+        truth = int(r["kv_tokens"])
+        # the log rounds the pool to 0.01 GiB; that is the only slack
+        assert abs(tokens - truth) / truth <= 0.006 / float(r["kv_cache_gib"]) + 1e-4, r["model"]
+
+
+def test_non_kv_terms_track_the_measured_breakdown():
+    for r in _breakdown_rows():
+        # the checkpoint id says the scheme (fp8-dynamic, w8a8, w4a16, gpt-oss's mxfp4)
+        s = setup(r["model"], tp=int(r["tp"]), dtype=r["dtype"], kv_cache_dtype=r["kv_cache_dtype"],
+                  max_model_len=int(r["max_model_len"]),
+                  gpu_memory_utilization=float(r["gpu_memory_utilization"]))
+        if "runtime" in r["quantization"]:
+            continue  # runtime fp8 of a bf16 checkpoint: the id does not say so
+        m = kv_capacity(s).memory
+        assert m.weights_gib == pytest.approx(float(r["weights_gib"]), rel=0.06), r["model"]
+        assert m.activation_gib == pytest.approx(float(r["peak_activation_gib"]), abs=0.35), r["model"]
+        assert m.kv_cache_gib == pytest.approx(float(r["kv_cache_gib"]), abs=0.8), r["model"]
+
+
+def test_accuracy_on_shared_observations_does_not_regress():
+    path = REPO / "benchmarks" / "accuracy_kv.py"
+    spec = importlib.util.spec_from_file_location("accuracy_kv", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if not (SHARED / "fixtures" / "kv-capacity-observations.csv").exists():
+        pytest.skip("shared reference data not found")
+    rows = bench.evaluate(SHARED)
+    # rows whose setup the CSV cannot express (pipeline parallel, runtime quantization) aside
+    known = [r for r in rows if not re.search(r"PIPELINE PARALLEL|runtime --quantization", r["notes"])]
+    mape = sum(r["err"] for r in known) / len(known)
+    assert mape <= 2.0, f"KV tokens MAPE {mape:.2f}%"
+    uniform_v019 = [r for r in known if r["dataset"] == "v0.19.0" and "gpt-oss" not in r["model"]
+                    and "Llama-4" not in r["model"]]
+    assert sorted(r["err"] for r in uniform_v019)[len(uniform_v019) // 2] <= 0.5  # median
+
+
+def test_pipeline_parallel_runs_from_the_sweep():
+    # llm-d-planner sweep, vLLM 0.19, H100: PP2 1,075,312 tokens and PP4 2,257,264
+    assert kv_capacity(setup(pp=2, gpu_memory_gib=79.19)).tokens == pytest.approx(1075312, rel=0.01)
+    assert kv_capacity(setup(pp=4, gpu_memory_gib=79.19)).tokens == pytest.approx(2257264, rel=0.01)
+
+
+# ---- versions ------------------------------------------------------------------------------------
+
+def test_v021_subtracts_the_cudagraph_estimate():
+    old, new = kv_capacity(setup()), kv_capacity(setup(vllm_version="0.21.0"))
+    assert old.memory.cudagraph_gib == 0 and new.memory.cudagraph_gib > 0
+    assert new.tokens < old.tokens
+
+
+def test_pre_017_profiles_a_larger_sampler():
+    assert kv_capacity(setup(vllm_version="0.11.2")).memory.activation_gib > \
+        2 * kv_capacity(setup(vllm_version="0.19.0")).memory.activation_gib
+
+
+def test_v0_logs_gpu_blocks_and_profiles_max_model_len():
+    s = setup(gpu="RTX-3090", tp=2, vllm_version="0.6.4", max_model_len=8192, gpu_memory_utilization=0.9)
+    assert s.v0 and s.max_num_batched_tokens == 8192 and s.max_num_seqs == 256
+    cap = kv_capacity(s)
+    assert cap.tokens == cap.gpu_blocks * 16
+    longer = kv_capacity(setup(gpu="RTX-3090", tp=2, vllm_version="0.6.4", max_model_len=16384,
+                               gpu_memory_utilization=0.9))
+    assert longer.memory.activation_gib > cap.memory.activation_gib
+
+
+def test_default_batch_knobs_follow_the_gpu():
+    assert (setup(gpu="H100").max_num_seqs, setup(gpu="H100").max_num_batched_tokens) == (1024, 8192)
+    assert (setup(gpu="L40S").max_num_seqs, setup(gpu="L40S").max_num_batched_tokens) == (256, 2048)
+    assert (setup(gpu="A100-80GB").max_num_seqs, setup(gpu="A100-80GB").max_num_batched_tokens) == (256, 2048)
+    assert Setup.build("Qwen/Qwen3-8B", "H100", vllm_version="0.28.0").gpu_memory_utilization == 0.92
+
+
+# ---- impossible setups -----------------------------------------------------------------------------
+
+def test_weights_that_do_not_fit_are_refused():
+    with pytest.raises(InputError, match="does not fit"):
+        kv_capacity(setup("meta-llama/Llama-3.1-405B-Instruct", "L4"))
+
+
+def test_max_model_len_too_large_names_the_largest_that_fits():
+    s = setup("meta-llama/Llama-3.1-70B-Instruct", tp=2, max_model_len=131072)
+    with pytest.raises(InputError) as exc:
+        kv_capacity(s)
+    m = re.search(r"estimated maximum model length is (\d+)", str(exc.value))
+    assert m, str(exc.value)
+    largest = int(m.group(1))
+    assert 0 < largest < 131072
+    assert kv_capacity(s.with_(max_model_len=largest)).max_concurrency >= 1.0
+    with pytest.raises(InputError):
+        kv_capacity(s.with_(max_model_len=largest + 16))
+
+
+def test_mamba_hybrid_state_pages(tmp_path):
+    import json
+    from exporter.model.architectures import load_hf_config
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "jamba", "num_hidden_layers": 8, "hidden_size": 1024, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "intermediate_size": 2048, "vocab_size": 1000, "max_position_embeddings": 8192,
+        "attn_layer_period": 4, "attn_layer_offset": 3, "mamba_d_state": 16, "mamba_d_conv": 4,
+        "mamba_expand": 2}))
+    arch = load_hf_config(tmp_path)
+    assert arch.layer_types.count("full") == 2 and arch.layer_types.count("mamba") == 6
+    # state per layer: conv 3 x (2048 + 2 x 16) x 2 B + ssm 2048 x 16 x 2 B
+    assert arch.state_bytes_per_layer == 3 * 2080 * 2 + 2048 * 16 * 2
+    s = Setup.build(arch, "L4", max_model_len=4096, vllm_version="0.19.0")
+    g = kv_groups(s)
+    # attention page (2 heads x 128 x K,V x 2 B = 1 KiB per token) grows to cover one state page
+    assert g.block_size % 16 == 0 and g.page_bytes >= arch.state_bytes_per_layer
+    assert g.page_bytes - 16 * 1024 < arch.state_bytes_per_layer
+    # two attention layers -> group size 2: one attention group, three mamba groups of one page each
+    assert g.group_size == 2 and g.kinds.count("mamba") == 3
+    assert blocks_per_request(s, g) == -(-4096 // g.block_size) + 3
