@@ -23,7 +23,7 @@ sys.path.insert(0, str(TESTS / "helpers"))
 
 # Model resolution (exporter/model/resolve.py) reads the HF cache and may ask the Hub: tests see an
 # empty cache and a Hub endpoint on a closed loopback port (no test depends on the host's cache,
-# none leaves 127.0.0.1). Tests that want a cache or a hub pass their own (tests/fake_hub.py).
+# none leaves 127.0.0.1). Tests that want a cache or a hub pass their own (tests/helpers/fake_hub.py).
 os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="vllm-drift-empty-hf-cache-")
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 

@@ -1,7 +1,7 @@
 """Model resolution without the internet, through the real `huggingface_hub` client.
 
 Sources exercised: an HF cache directory in the real `models--org--name/snapshots/<rev>/` layout
-holding the public config.json files of tests/fixtures/hf-configs/; a loopback Hub (tests/fake_hub.py)
+holding the public config.json files of tests/fixtures/hf-configs/; a loopback Hub (tests/helpers/fake_hub.py)
 answering huggingface_hub's HEAD / GET / range reads; a loopback vLLM `/v1/models` whose `root` is a
 local model directory; and `vllm-drift calc` in a subprocess for the CLI's one-line errors.
 """
