@@ -351,3 +351,36 @@ def test_the_huggingface_config_section_drives_the_settings(tmp_path, monkeypatc
     assert not default.is_offline()
     with pytest.raises(ConfigError, match="huggingface.ofline"):
         config_from_dict({"huggingface": {"ofline": True}})
+
+
+def test_the_pipeline_asks_again_while_a_hub_lookup_is_pending(tmp_path):
+    """A served model whose /v1/models root is a Hub id the host has not cached: the daemon's
+    pipeline answers 'being looked up' without blocking, then predicts once the Hub answered."""
+    import threading
+
+    from exporter.config import config_from_dict
+    from exporter.parse.metadata import Metadata
+    from exporter.pipeline import Pipelines
+    with FakeHub({GPTQ: {"config.json": config_bytes(GPTQ)}}) as hub:
+        cfg = config_from_dict({"huggingface": {"offline": False, "endpoint": hub.url,
+                                                "cache_dir": str(tmp_path), "weights": False},
+                                "targets": [{"url": "http://127.0.0.1:1", "gpu": "A100-80GB"}]})
+        fleet = Pipelines(cfg)
+        pipe = fleet.pipeline(cfg.targets[0], "chat")
+        meta = Metadata(served_models=("chat",), root={"chat": GPTQ})
+        hub.gate = threading.Event()
+        first = pipe.identity(meta)
+        assert first.resolved.pending and first.resolved.model is None
+        assert "being looked up on the Hub" in first.resolved.notes[0]
+        hub.gate.set()
+        deadline = time.monotonic() + 10
+        ident = first
+        while ident.resolved.pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+            ident = pipe.identity(meta)
+        assert ident.resolved.model is not None and ident.resolved.model.quantization == "gptq"
+        assert any("model config: hub (via root: " in n for n in ident.resolved.notes)
+        # a one-shot fleet (scan) waits instead
+        clear_cache()
+        scan = Pipelines(cfg, one_shot=True).pipeline(cfg.targets[0], "chat")
+        assert scan.identity(meta).resolved.model is not None
