@@ -179,6 +179,17 @@ class ModelArch:
         idle = len(self.moe_layers) * (self.num_experts - self.experts_per_token) * self.expert_params()
         return self.total_params - self.extra_params - idle
 
+    @property
+    def weight_bytes(self) -> int | None:
+        """Bytes the checkpoint's weights take once loaded in the model's own dtype (packed
+        quantized tensors and scales as stored), from the safetensors headers; None when they were
+        not read. kv_cache.weights_bytes scales its derived total by this (_checkpoint_scale)."""
+        w = self.weights
+        if w is None:
+            return None
+        native = DTYPE_BYTES.get(self.native_dtype, 2)
+        return w.lm_bytes(native) + (w.tower_params + w.embedding_params) * native
+
     def checkpoint_lm_bytes(self, native_bytes: int) -> int | None:
         """Language-model layer bytes (no embeddings, no towers) from the safetensors headers,
         or None when the checkpoint's headers were not read."""
