@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporter.errors import ConfigError
+from exporter.model.gpus import GpuRow
 
 SIDECAR_TARGET = "http://127.0.0.1:8000"
 DEFAULT_LISTEN = "0.0.0.0:9877"
@@ -251,6 +252,7 @@ class Config(_Strict):
     prometheus: PrometheusConfig | None = None
     dcgm: DCGMConfig | None = None
     prices: dict[str, float] = Field(default_factory=dict)
+    gpus: list[GpuRow] = Field(default_factory=list)   # GPU rows added to / overriding the catalog
     defaults: TargetSpec | None = None   # hints applied to every target lacking its own
     slo: SLO = SLO()
     state_dir: str | None = None

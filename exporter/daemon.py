@@ -29,6 +29,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from exporter.config import Config, TargetSpec, build_config
+from exporter.model.gpus import install_gpus
 from exporter.drift.state import StateStore
 from exporter.discovery import Discovery, build_discovery
 from exporter.errors import InputError, ParseError, ScrapeError
@@ -87,6 +88,7 @@ class Daemon:
     def __init__(self, cfg: Config, *, config_path: str | None = None,
                  cli_targets: list[str] | None = None, cli_listen: str | None = None) -> None:
         self.cfg = cfg
+        install_gpus(cfg.gpus)         # the config's `gpus:` rows join the GPU catalog
         self.config_path = config_path
         self.cli_targets, self.cli_listen = cli_targets, cli_listen
         self.config_stamp = self._stamp()
@@ -367,6 +369,7 @@ class Daemon:
             self.publish()
             return str(exc)
         old, self.cfg = self.cfg, new
+        install_gpus(new.gpus)
         self.config_loaded_at = time.time()
         self.reloads += 1
         self.discovery.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import CatalogError, InputError
+from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
@@ -52,9 +53,16 @@ DEFAULT_OUTPUT_TOKENS = 256
 ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("setup", ("--model",), dict(metavar="ID|PATH", help="catalog id (e.g. meta-llama/Llama-3.1-8B-Instruct; "
                                  "see `vllm-drift catalog models`) or a local config.json / model dir")),
-    ("setup", ("--gpu",), dict(metavar="NAME", help="GPU catalog name or alias (H100, L40S-48GB, ...; "
-                               "see `vllm-drift catalog gpus`)")),
-    ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the catalog)")),
+    ("setup", ("--gpu",), dict(metavar="NAME", help="GPU catalog name, alias or the name nvidia-smi/amd-smi prints "
+                               "(H100, L40S-48GB, 'Tesla V100-SXM2-32GB', ...; see `vllm-drift catalog gpus`)")),
+    ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the "
+                                          "catalog; without --gpu, or with an unknown one, describes the device)")),
+    ("setup", ("--gpu-bandwidth-gbs",), dict(type=float, metavar="GBS", help="memory bandwidth per GPU, GB/s "
+                                             "(overrides the catalog or describes an unknown device)")),
+    ("setup", ("--gpu-tflops",), dict(type=float, metavar="TFLOPS", help="dense FP16/BF16 TFLOPS per GPU "
+                                      "(overrides the catalog or describes an unknown device)")),
+    ("setup", ("--gpu-file",), dict(metavar="FILE", help="YAML rows adding or overriding GPUs (schema of the "
+                                    "`gpus:` config section, see docs/gpus.md)")),
     ("setup", ("--tp",), dict(type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")),
     ("setup", ("--pp",), dict(type=int, default=1, metavar="N", help="pipeline-parallel size (default 1)")),
     ("setup", ("--dtype",), dict(default="auto", metavar="DTYPE", help="model dtype: auto, bfloat16, float16, float32")),
@@ -194,8 +202,10 @@ def build_setup(args: argparse.Namespace) -> Setup:
 
 
 def _build_setup(args: argparse.Namespace) -> Setup:
+    gpu = device_for_cli(args.gpu, gpu_file=args.gpu_file, memory_gib=args.gpu_memory_gib,
+                         bandwidth_gbs=args.gpu_bandwidth_gbs, tflops=args.gpu_tflops)
     return Setup.build(
-        args.model, args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        args.model, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -311,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_profiles:
         out.print_profiles(json_out=args.json)
         return 0
-    missing = [f for f in ("model", "gpu") if not getattr(args, f)]
+    missing = [f for f in ("model", "gpu") if not getattr(args, f) and not (f == "gpu" and args.gpu_memory_gib)]
     if missing:
         raise InputError("missing " + " and ".join(f"--{m}" for m in missing)
                          + " (see `vllm-drift catalog models|gpus`)")

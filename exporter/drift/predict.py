@@ -20,7 +20,7 @@ from exporter.errors import InputError
 from exporter.model import optimizer, perf, resolve_gpu, resolve_model
 from exporter.model.optimizer import Tier
 from exporter.model.architectures import ModelArch
-from exporter.model.gpus import GPU, GPUS
+from exporter.model.gpus import GPU, GPUS, tier_names
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.setup import Setup
 from exporter.model.spec_decode import SpecConfig, gain
@@ -303,6 +303,6 @@ def _capacity(setup: Setup, tr: Traffic, s: SLO) -> tuple[float | None, int | No
 @lru_cache(maxsize=256)
 def _rank(model: ModelArch, tr: Traffic, slo: SLO, prices: tuple[tuple[str, float], ...],
           quantization: str | None, kv_dtype: str, version: Version, current_gpu: str) -> tuple[Tier, ...]:
-    gpus = [g for g in GPUS if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
+    gpus = [g for g in tier_names() if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
     return tuple(optimizer.rank_tiers(model, tr, slo, gpus=gpus, prices=dict(prices), quantization=quantization,
                                       kv_cache_dtype=kv_dtype, vllm_version=version))

@@ -245,12 +245,12 @@ def rank_tiers(model: Any, traffic: Traffic, slo: SLO | None = None, *,
     Load: the traffic's arrival rate (or `concurrency_rate`, a rate derived elsewhere from an
     observed concurrency). Without one, each tier is sized for one replica and compared by
     $/million output tokens at its SLO-feasible rate. `prices` ($/GPU-hour) override the catalog."""
-    from exporter.model.gpus import GPUS, resolve_gpu
+    from exporter.model.gpus import GPUS, resolve_gpu, tier_names
     from exporter.model.setup import Setup
 
     slo = slo or SLO()
     prices = {resolve_gpu(k).name: float(v) for k, v in (prices or {}).items()}
-    names = [resolve_gpu(g).name for g in gpus] if gpus is not None else list(GPUS)
+    names = [resolve_gpu(g).name for g in gpus] if gpus is not None else tier_names()
     has_slo = slo.ttft_p99_s is not None or slo.tpot_p99_s is not None
     cur = (resolve_gpu(current[0]).name, int(current[1])) if current else None
     extra_gpu = bool(cur and cur[0] not in names)

@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 from exporter.errors import InputError
+from exporter.model.gpus import find_gpu
 
 # ---------------------------------------------------------------------------------------------
 # Calibration: efficiency factors per GPU class
@@ -83,6 +84,9 @@ _UNFITTED_NOTE = "no measured rows for this class: Hopper factors applied to its
 
 def gpu_class(gpu_name: str, vendor: str = "nvidia") -> str:
     """Architecture family of a catalog GPU (what the efficiency factors are shared across)."""
+    row = find_gpu(gpu_name)
+    if row is not None and row.arch != "unknown":
+        return row.arch          # the catalog's `arch` (volta ... blackwell, cdna2 ... cdna4)
     n = gpu_name.upper()
     if vendor == "amd" or n.startswith("MI"):
         return "cdna3"
