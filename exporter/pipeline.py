@@ -28,7 +28,7 @@ from exporter.config import Config, TargetSpec
 from exporter.drift.engine import DriftEngine, Judgement
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.drift.observe import build_input
-from exporter.drift.predict import Identity, identify, predict_for
+from exporter.drift.predict import Identity, identify, predict_for, slo_of
 from exporter.parse.snapshot import Snapshot
 from exporter.report import ModelReport
 from exporter.parse.metadata import Metadata
@@ -149,7 +149,9 @@ class TargetPipeline:
             kv_pressure_score=j.kv_pressure_score, idle_capacity_ratio=j.idle_capacity_ratio, tier=j.tier,
             waste_dollars_per_hour=j.waste_dollars_per_hour, predicted_kv_cache_tokens=pred.kv_cache_tokens,
             predicted_tpot_seconds=pred.tpot_s, observed_kv_cache_tokens_ratio=j.observed_kv_cache_tokens_ratio,
-            notes=j.notes, evaluated_at=now, events=j.events, derived=j.derived)
+            notes=j.notes, evaluated_at=now, events=j.events, derived=j.derived, finding_status=j.statuses,
+            predicted_ttft_seconds=pred.ttft_s, predicted_basis=pred.basis,
+            **slo_of(x))
 
     def predict(self, ident: Identity, x: DriftInput, summary: Observed, version: str | None) -> Prediction:
         """The model's view of this target at the observed load (the seam for per-target

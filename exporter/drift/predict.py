@@ -20,10 +20,10 @@ from exporter.errors import InputError
 from exporter.model import optimizer, perf, resolve_gpu, resolve_model
 from exporter.model.optimizer import Tier
 from exporter.model.architectures import ModelArch
-from exporter.model.gpus import GPU, GPUS, tier_names
+from exporter.model.gpus import GPU, find_gpu, gpu_names, non_gpu_kind, tier_names
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.setup import Setup
-from exporter.model.spec_decode import SpecConfig, gain
+from exporter.model.spec_decode import ASSUMED_SPEC, SpecConfig, gain
 from exporter.model.traffic import SLO, Traffic
 from exporter.parse.version import Version, read_version
 
@@ -59,12 +59,16 @@ def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved
                      f"targets[].model in the config or a `model` label in file_sd (scan: --model) to a "
                      f"catalog id or a local config.json")
     gpu = None
-    if gpu_hint:
+    if gpu_hint and non_gpu_kind(gpu_hint):
+        notes.append(f"device {gpu_hint!r} is a {non_gpu_kind(gpu_hint)} device: observation findings only "
+                     f"(no GPU model, tier or cost findings)")
+    elif gpu_hint:
         try:
             gpu = resolve_gpu(gpu_hint)
         except InputError as exc:
             missing.append("gpu")
-            notes.append(f"gpu hint {gpu_hint!r} unknown: {exc}")
+            notes.append(f"gpu hint {gpu_hint!r} unknown: {exc}; KV findings come from the server's own "
+                         f"pool, step-time and tier findings need a catalog row (a `gpus:` entry)")
     else:
         missing.append("gpu")
         notes.append("GPU unknown (vLLM does not export it): set targets[].gpu in the config or a "
@@ -86,6 +90,7 @@ class Identity:
     quantization: str | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    device_hint: str | None = None      # the GPU/device hint as given (for the backend verdict)
 
     @property
     def gpu(self) -> str | None:
@@ -108,13 +113,22 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None) -> Iden
     candidates = [spec.model, labels.get("model"), model_name, root]
     return Identity(spec.url, model_name, resolve_hints([c for c in candidates if c], hint("gpu")),
                     tp=hint_int("tp") or 1, pp=hint_int("pp") or 1, quantization=hint("quantization"),
-                    max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"))
+                    max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
+                    device_hint=hint("gpu") or None)
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                 spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float]) -> Prediction:
     """The prediction seam: given who the target is and what was observed, what the model says
-    (KV capacity, TPOT at the observed load, spec-decode gains, tiers), with its `basis`."""
+    (KV capacity, TPOT at the observed load, spec-decode gains, tiers), with its `basis`.
+
+    A server on a non-GPU backend (`x.observation_only`) gets no prediction: its findings are
+    what the metrics show. A GPU hint the server's own KV pool contradicts (`hint_mismatch`)
+    yields no prediction either, only the mismatch and the GPU the pool points to."""
+    if x.observation_only:
+        return Prediction(notes=(f"vLLM on {x.backend} ({'; '.join(x.backend_evidence)}): observation "
+                                 f"findings only (KV pressure, preemptions, queueing), no GPU-tier or "
+                                 f"$/hour findings",))
     traffic = {"prompt_mean": x.prompt_mean, "output_mean": x.output_mean, "prompt_p99": x.prompt_p99,
                "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
                "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
@@ -124,7 +138,8 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                    max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
                    max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
                    vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
-                   traffic={**_rounded(traffic), "spec_per_position": spec_per_position})
+                   traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
+                   observed_kv_tokens=x.kv_cache_tokens)
 
 
 def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
@@ -158,7 +173,8 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             gpu_memory_utilization: float | None, max_model_len: float | None,
             max_num_seqs: int | None, max_num_batched_tokens: int | None, block_size: float | None,
             vllm_version: str | None, traffic: Mapping[str, float | None],
-            slo: Mapping[str, float | None], prices: Mapping[str, float]) -> Prediction:
+            slo: Mapping[str, float | None], prices: Mapping[str, float],
+            observed_kv_tokens: float | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note."""
     notes = list(res.notes)
@@ -174,6 +190,18 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     except InputError as exc:
         notes.append(f"calculator: {exc}")
         return Prediction(notes=tuple(notes))
+    if observed_kv_tokens and cap.tokens > 0:
+        ratio = observed_kv_tokens / cap.tokens
+        if not MISMATCH[0] <= ratio <= MISMATCH[1]:
+            likely = _likely_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
+                                 gpu_memory_utilization, int(block_size) if block_size else None,
+                                 read_version(vllm_version), float(f"{observed_kv_tokens:.3g}"), res.gpu.name)
+            notes.append(f"the server's KV pool ({observed_kv_tokens:,.0f} tokens) is {ratio:.2f}x what "
+                         f"{res.gpu.name} x{tp} would hold for this model: the GPU hint looks wrong"
+                         + (f" (the pool fits {likely})" if likely else "")
+                         + "; nothing is scored from the hinted hardware")
+            return Prediction(hint_mismatch=(likely, round(ratio, 4)), hinted_gpu=res.gpu.name,
+                              notes=tuple(notes))
     price = prices.get(res.gpu.name, res.gpu.dollars_per_hour)
     cost = price * setup.num_gpus
     fp8 = res.gpu.fp8_tflops > 0 or res.gpu.vendor == "amd"
@@ -182,12 +210,54 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
                                 fp8_kv_supported=fp8, current_cost_per_hour=cost,
                                 default_max_num_seqs=None if max_num_seqs else setup.max_num_seqs)
     pred.update(_performance(setup, traffic, slo, prices, notes))
+    if pred.get("tpot_s") is not None or pred.get("tpot_at") or pred.get("current_max_rps") is not None:
+        pred["basis"] = "unprofiled" if res.gpu.unprofiled else "prior"
     return Prediction(**pred, notes=tuple(notes))
+
+
+# Observed / predicted KV pool outside this band: the hinted GPU cannot be the one serving. The
+# prediction's own error is a few percent (tests/model/test_kv_cache.py); a pool a quarter of
+# the prediction or 2.5x it is another device (or another model), not profiling noise.
+MISMATCH = (0.4, 2.5)
+
+
+@lru_cache(maxsize=256)
+def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
+                util: float | None, block_size: int | None, version: Version | None,
+                observed: float, hinted: str) -> str | None:
+    """The catalog GPU whose predicted pool for this model is closest to the observed one
+    (within 25%), else None."""
+    best, err = None, math.log(1.25)
+    for name in gpu_names():
+        if name == hinted:
+            continue
+        try:
+            setup = _setup(model, find_gpu(name), tp, pp, quantization, kv_dtype, util, None, None,
+                           None, block_size, version)
+            tokens = kv_capacity(setup, check_fits=False).tokens
+        except (InputError, ArithmeticError, ValueError, TypeError):
+            continue
+        if tokens <= 0:
+            continue
+        e = abs(math.log(observed / tokens))
+        if e < err:
+            best, err = name, e
+    return best
 
 
 # Without configured SLOs the tier comparison uses these interactive-chat defaults (documented in
 # docs/scores.md; `slo:` in the config or per target overrides them).
 DEFAULT_SLO = {"ttft": 2.0, "tpot": 0.150}
+
+
+def slo_of(x: DriftInput) -> dict[str, dict[str, Any]]:
+    """The p99 SLOs a target is judged against (configured, else the defaults above), as the
+    report's `slo_seconds` / `slo_source` (exported as `vllm_drift_slo_seconds`)."""
+    seconds, source = {}, {}
+    for metric, given in (("ttft", x.slo_ttft_s), ("tpot", x.slo_tpot_s)):
+        seconds[metric] = float(given) if given else DEFAULT_SLO[metric]
+        source[metric] = "configured" if given else "default"
+    return {"slo_seconds": seconds, "slo_source": source}
 
 
 def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
@@ -253,7 +323,7 @@ def _latency(setup: Setup, tr: Traffic, s: SLO, running: float | None, k: float 
     out: dict[str, Any] = {}
     coarse = _coarse(tr)
     if running and running >= 1:
-        out["tpot_s"] = _tpot(setup, coarse, max(1, int(round(running))))
+        out["tpot_s"], out["ttft_s"] = _latency_at(setup, coarse, max(1, int(round(running))))
     if want_table:
         out["tpot_at"] = dict(_tpot_table(setup, coarse))
     rate, b_cap = _capacity(setup, coarse, s)
@@ -270,11 +340,8 @@ def _latency(setup: Setup, tr: Traffic, s: SLO, running: float | None, k: float 
     return out
 
 
-# What speculation would plausibly give a server that runs without it: EAGLE-style drafting of 3
-# tokens at a per-token acceptance of 0.6, a middling figure for chat traffic [assumed; the
-# real acceptance of this traffic is only known once it runs, hence the finding stays `info`
-# unless a TPOT SLO is being missed].
-ASSUMED_SPEC = {"num_tokens": 3, "alpha": 0.6, "method": "eagle"}
+# What speculation would plausibly give a server that runs without it: the one shared assumption
+# (exporter.model.spec_decode.ASSUMED_SPEC); the finding stays `info` unless a TPOT SLO is missed.
 
 
 @lru_cache(maxsize=1024)
@@ -284,8 +351,10 @@ def _missed_gain(setup: Setup, tr: Traffic, batch: int) -> float:
 
 
 @lru_cache(maxsize=1024)
-def _tpot(setup: Setup, tr: Traffic, batch: int) -> float:
-    return float(perf.predict(setup, tr, concurrency=batch).tpot_s)
+def _latency_at(setup: Setup, tr: Traffic, batch: int) -> tuple[float, float | None]:
+    p = perf.predict(setup, tr, concurrency=batch)
+    ttft = getattr(p, "ttft_s", None)
+    return float(p.tpot_s), (None if ttft is None else float(ttft))
 
 
 @lru_cache(maxsize=256)

@@ -163,6 +163,38 @@ class Tracker:
         d["since"] = tr.since
         return Finding(**d)
 
+    def partial(self, raw: list[Finding], now: float, scope: tuple[str, ...], window_s: float) -> list[Finding]:
+        """A window without rates yet (a new target, a counter reset): the findings in `scope`
+        (what one snapshot proves) are stepped as in `update`; the others are held as in `hold`
+        (active ones exported unchanged, cleared after a whole window without data)."""
+        if self.insufficient_since is None:
+            self.insufficient_since = now
+        expired = now - self.insufficient_since >= window_s
+        out: list[Finding] = []
+        seen: set[str] = set()
+        for f in raw:
+            if f.finding not in LEVELS or f.finding not in scope:
+                continue
+            key = _key(f)
+            if key in seen:
+                continue
+            seen.add(key)
+            got = self._step(key, f, now)
+            if got is not None:
+                out.append(got)
+        for key in list(self.tracks):
+            if key in seen:
+                continue
+            if key.split("/")[0] in scope:
+                got = self._step(key, None, now)
+                if got is not None:
+                    out.append(got)
+            elif expired:
+                del self.tracks[key]
+            elif self.tracks[key].active:
+                out.append(self._export(self.tracks[key], None))
+        return out
+
     def hold(self, now: float, window_s: float) -> list[Finding]:
         """Insufficient data: keep the active findings as they are; after a whole window of
         insufficient data, clear them (nothing supports them any more)."""

@@ -142,7 +142,17 @@ class FleetCollector(Collector):
         finding = _g("vllm_drift_finding", "1 while a finding is active.", tm + ["finding", "severity"])
         fscore = _g("vllm_drift_finding_score", "Score of an active finding.", tm + ["finding"])
         pkv = _g("vllm_drift_predicted_kv_cache_tokens", "KV-cache capacity the model predicts for the setup.", tm)
-        ptpot = _g("vllm_drift_predicted_tpot_seconds", "TPOT the model predicts at the observed load.", tm)
+        ptpot = _g("vllm_drift_predicted_tpot_seconds", "TPOT the model predicts at the observed load "
+                   "(basis: prior, unprofiled or calibrated).", tm + ["basis"])
+        pttft = _g("vllm_drift_predicted_ttft_seconds", "TTFT the model predicts at the observed load "
+                   "(basis: prior, unprofiled or calibrated).", tm + ["basis"])
+        fconf = _g("vllm_drift_finding_confidence",
+                   "How much data backs an active finding, 0 to 1 (grows as the window fills).", tm + ["finding"])
+        fstatus = _g("vllm_drift_finding_status",
+                     "1 for each finding's evaluation status (ok, insufficient_data, unavailable).",
+                     tm + ["finding", "status"])
+        slo = _g("vllm_drift_slo_seconds", "The latency SLO a target is judged against (configured, "
+                 "else the default).", tm + ["metric", "quantile"])
         ratio = _g("vllm_drift_observed_to_predicted_kv_cache_ratio",
                    "Observed KV-cache capacity divided by the predicted one.", tm)
         status = _g("vllm_drift_evaluation_status",
@@ -168,15 +178,27 @@ class FleetCollector(Collector):
                 if r.waste_dollars_per_hour is not None:
                     waste.add_metric(key, r.waste_dollars_per_hour)
                 for f in r.findings:
+                    if f.finding in ("unavailable", "insufficient_data"):
+                        continue        # statuses, not findings (vllm_drift_finding_status)
                     finding.add_metric(key + [f.finding, f.severity], 1.0)
                     fscore.add_metric(key + [f.finding], f.score)
+                    if f.confidence is not None:
+                        fconf.add_metric(key + [f.finding], f.confidence)
+                for name, st in r.finding_status.items():
+                    fstatus.add_metric(key + [name, st.get("status", "ok")], 1.0)
+                for metric, seconds in r.slo_seconds.items():
+                    slo.add_metric(key + [metric, "0.99"], seconds)
                 if r.predicted_kv_cache_tokens is not None:
                     pkv.add_metric(key, r.predicted_kv_cache_tokens)
+                basis = r.predicted_basis or "prior"
                 if r.predicted_tpot_seconds is not None:
-                    ptpot.add_metric(key, r.predicted_tpot_seconds)
+                    ptpot.add_metric(key + [basis], r.predicted_tpot_seconds)
+                if r.predicted_ttft_seconds is not None:
+                    pttft.add_metric(key + [basis], r.predicted_ttft_seconds)
                 if r.observed_kv_cache_tokens_ratio is not None:
                     ratio.add_metric(key, r.observed_kv_cache_tokens_ratio)
-        yield from (mis, conf, rec, kvp, idle, tier, waste, finding, fscore, pkv, ptpot, ratio, status)
+        yield from (mis, conf, rec, kvp, idle, tier, waste, finding, fscore, fconf, fstatus, pkv, ptpot, pttft,
+                    ratio, status, slo)
 
 
 class Exposition:
