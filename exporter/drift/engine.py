@@ -143,7 +143,10 @@ class DriftEngine:
             if ok:      # a quiet server: idleness and instant findings; the rest clear
                 findings = tracker.update(raw, now)
             else:
-                findings = tracker.partial(raw, now, scope, x.window_s)
+                # the gauge means behind kv_pressure already span every scrape in the window:
+                # with raise_after of them, its minimum duration is met
+                confirmed = frozenset({"kv_pressure"}) if x.samples >= self.raise_after else frozenset()
+                findings = tracker.partial(raw, now, scope, x.window_s, confirmed)
             judged = {n for n in names if n in scope}
             pending = quiet or (why if self.one_shot else _needs_more(x, why))
         statuses: dict[str, dict[str, str]] = {}

@@ -190,15 +190,16 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     except InputError as exc:
         notes.append(f"calculator: {exc}")
         return Prediction(notes=tuple(notes))
-    if observed_kv_tokens and cap.tokens > 0:
+    if observed_kv_tokens and cap.tokens > 0 and cap.bytes_per_token > 0:
         ratio = observed_kv_tokens / cap.tokens
-        if not MISMATCH[0] <= ratio <= MISMATCH[1]:
+        off_gib = abs(observed_kv_tokens - cap.tokens) * cap.bytes_per_token / GIB
+        if off_gib > MISMATCH_SHARE * setup.gpu_memory_gib:
             likely = _likely_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
                                  gpu_memory_utilization, int(block_size) if block_size else None,
                                  read_version(vllm_version), float(f"{observed_kv_tokens:.3g}"), res.gpu.name)
             notes.append(f"the server's KV pool ({observed_kv_tokens:,.0f} tokens) is {ratio:.2f}x what "
-                         f"{res.gpu.name} x{tp} would hold for this model: the GPU hint looks wrong"
-                         + (f" (the pool fits {likely})" if likely else "")
+                         f"{res.gpu.name} x{tp} would hold for this model ({off_gib:.1f} GiB per GPU apart): "
+                         f"the GPU hint looks wrong" + (f" (the pool fits {likely})" if likely else "")
                          + "; nothing is scored from the hinted hardware")
             return Prediction(hint_mismatch=(likely, round(ratio, 4)), hinted_gpu=res.gpu.name,
                               notes=tuple(notes))
@@ -215,10 +216,12 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     return Prediction(**pred, notes=tuple(notes))
 
 
-# Observed / predicted KV pool outside this band: the hinted GPU cannot be the one serving. The
-# prediction's own error is a few percent (tests/model/test_kv_cache.py); a pool a quarter of
-# the prediction or 2.5x it is another device (or another model), not profiling noise.
-MISMATCH = (0.4, 2.5)
+# The observed KV pool and the hinted GPU's predicted pool differ by more than this share of the
+# GPU's memory: the hinted GPU cannot be the one serving. Compared in memory, not as a ratio: when
+# the pool is a small remainder (an 8B model on 24 GB at 0.75) a 1 GiB error in activations is a
+# 5x ratio but no sign of another device; the calculator's memory error is a few percent of the
+# card (tests/model/test_kv_cache.py), an H100 hint on an L4 server is 60% of it.
+MISMATCH_SHARE = 0.20
 
 
 @lru_cache(maxsize=256)
@@ -226,8 +229,8 @@ def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv
                 util: float | None, block_size: int | None, version: Version | None,
                 observed: float, hinted: str) -> str | None:
     """The catalog GPU whose predicted pool for this model is closest to the observed one
-    (within 25%), else None."""
-    best, err = None, math.log(1.25)
+    (within 10% of its memory), else None."""
+    best, err = None, math.inf
     for name in gpu_names():
         if name == hinted:
             continue
@@ -239,8 +242,9 @@ def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv
             continue
         if tokens <= 0:
             continue
-        e = abs(math.log(observed / tokens))
-        if e < err:
+        gpu = find_gpu(name)
+        e = abs(observed - tokens) * kv_capacity(setup, check_fits=False).bytes_per_token / GIB / gpu.memory_gib
+        if e < min(err, 0.10):
             best, err = name, e
     return best
 

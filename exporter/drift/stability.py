@@ -112,7 +112,7 @@ class Tracker:
                     out.append(got)
         return out
 
-    def _step(self, key: str, f: Finding | None, now: float) -> Finding | None:
+    def _step(self, key: str, f: Finding | None, now: float, confirmed: bool = False) -> Finding | None:
         tr = self.tracks.get(key)
         raw_level = LEVEL.get(f.severity, 0) if f is not None else 0
         if tr is None:
@@ -122,6 +122,9 @@ class Tracker:
         warn = LEVELS[key.split("/")[0]][0]
         if not tr.active:
             if raw_level >= 2:
+                if confirmed:
+                    tr.pending = max(tr.pending, self.raise_after - 1)
+                    tr.pending_level = raw_level if tr.pending == 0 else max(tr.pending_level, raw_level)
                 tr.pending += 1
                 tr.pending_level = raw_level if tr.pending == 1 else min(tr.pending_level, raw_level)
                 if tr.pending >= self.raise_after:
@@ -163,10 +166,15 @@ class Tracker:
         d["since"] = tr.since
         return Finding(**d)
 
-    def partial(self, raw: list[Finding], now: float, scope: tuple[str, ...], window_s: float) -> list[Finding]:
+    def partial(self, raw: list[Finding], now: float, scope: tuple[str, ...], window_s: float,
+                confirmed: frozenset[str] = frozenset()) -> list[Finding]:
         """A window without rates yet (a new target, a counter reset): the findings in `scope`
         (what one snapshot proves) are stepped as in `update`; the others are held as in `hold`
-        (active ones exported unchanged, cleared after a whole window without data)."""
+        (active ones exported unchanged, cleared after a whole window without data).
+
+        `confirmed`: finding keys whose raw level is already a mean over at least `raise_after`
+        scrapes (the minimum duration is met inside the window), so they raise at once; clearing
+        keeps its hysteresis."""
         if self.insufficient_since is None:
             self.insufficient_since = now
         expired = now - self.insufficient_since >= window_s
@@ -179,7 +187,7 @@ class Tracker:
             if key in seen:
                 continue
             seen.add(key)
-            got = self._step(key, f, now)
+            got = self._step(key, f, now, confirmed=key in confirmed)
             if got is not None:
                 out.append(got)
         for key in list(self.tracks):
