@@ -32,7 +32,7 @@ LEVELS: dict[str, tuple[float, float]] = {
     "kv_cache_dtype": (0.02, 0.15),
     "idle_capacity": (0.85, 0.97),
     "tier_misplacement": (0.30, 0.60),
-    "hint_mismatch": (0.30, 2.0),     # never critical: a wrong hint is a config fix, not an outage
+    "hint_mismatch": (0.30, 1.0),     # always `warning` (set by the rule): a config fix, not an outage
 }
 
 KV_FULL = 0.90          # usage at which new blocks start to run out (a request needs several)
@@ -550,8 +550,9 @@ def idle_ratio(x: DriftInput) -> tuple[float | None, str]:
     """1 - the utilisation of the most used resource: KV (mean usage over the usable share),
     batch slots (concurrency over a known max_num_seqs: hinted, inferred, or vLLM's default for
     the known GPU; never a guessed default), throughput with the calculator (observed request
-    rate over the sustainable rate at the SLOs), and without it the engine's busy time (steps/s x
-    step time): a CPU-bound engine stepping all the time is not idle however empty KV is."""
+    rate over the sustainable rate at the SLOs), and on a non-GPU backend the engine's busy time
+    (steps/s x step time): a CPU-bound engine stepping all the time is not idle however empty KV
+    is."""
     uses: list[tuple[float, str]] = []
     if x.kv_usage_mean is not None:
         uses.append((x.kv_usage_mean / KV_SAFE, "kv_cache"))
@@ -561,7 +562,10 @@ def idle_ratio(x: DriftInput) -> tuple[float | None, str]:
         uses.append((conc / seqs, "max_num_seqs"))
     if x.prediction.current_max_rps and x.arrival_rps is not None:
         uses.append((x.arrival_rps / x.prediction.current_max_rps, "throughput"))
-    elif x.busy_fraction is not None:
+    elif x.busy_fraction is not None and x.observation_only:
+        # on a CPU (or other non-GPU) backend a step's cost grows with the batch: time busy is
+        # capacity used. On a GPU a small batch steps as long as a large one, so busy time says
+        # nothing about headroom there (the finding is then only `info`, below).
         uses.append((x.busy_fraction, "engine_time"))
     if x.waiting_mean and x.waiting_mean >= QUEUE_MIN:
         uses.append((1.0, "queue"))
@@ -582,7 +586,7 @@ def rule_idle_capacity(x: DriftInput) -> list[Finding]:
     # KV and batch slots may be idle while the device is not. Then only `info`.
     busy = x.busy_fraction
     sev = None
-    if x.prediction.current_max_rps is None and (busy is None or busy >= 0.9 or x.observation_only):
+    if x.prediction.current_max_rps is None and ((busy is not None and busy >= 0.9) or x.observation_only):
         sev = "info"      # compute headroom unknown: what is idle may not be the device
     waste = ""
     cost = x.prediction.current_cost_per_hour
