@@ -145,24 +145,27 @@ def queue_share(x: DriftInput) -> float:
     return x.waiting_mean / (running + x.waiting_mean)
 
 
-KV_WEIGHT = (0.70, 0.90)   # KV level (mean of window mean and peak) over which a queue turns KV-blocked
+# KV-blocked queue weight: ramps of the window's mean KV usage and of its peak. Both must be high for
+# a queue to be KV's doing; the mean ramp saturates early because on a small pool the usage swings
+# by whole requests (0.34 to 1.0 on a 48-block pool, mean ~0.8) and daemons sampling the swing at
+# different instants see means 0.74 to 0.80: a ramp that ends at 0.70 gives them all 1.
+KV_MEAN_RAMP = (0.40, 0.70)
+KV_PEAK_RAMP = (0.80, 0.90)
 
 
 def kv_level(x: DriftInput) -> float | None:
-    """How full the pool runs: the mean of the window's mean and peak usage. On a small pool the
-    instantaneous usage swings by whole requests (0.34 to 1.0 on a 48-block pool), so neither
-    alone is stable; their mean is, and it moves continuously with both."""
+    """How clearly KV is the limit, 0 to 1: the product of the two ramps (continuous in both)."""
     if x.kv_usage_max is None:
         return None
     mean = x.kv_usage_mean if x.kv_usage_mean is not None else x.kv_usage_max
-    return 0.5 * (mean + x.kv_usage_max)
+    return ramp(mean, *KV_MEAN_RAMP) * ramp(x.kv_usage_max, *KV_PEAK_RAMP)
 
 
 def kv_blocked_share(x: DriftInput) -> float:
-    """The queue share weighted by how full KV runs: 0 with a free pool (the queue is then
-    another limit's), the whole queue share from a level of 0.90, linear between. Continuous in
-    every input, so daemons scraping one server at different instants agree."""
-    return queue_share(x) * ramp(kv_level(x), *KV_WEIGHT)
+    """The queue share weighted by how clearly KV is full: 0 with a free pool (the queue is then
+    another limit's), the whole queue share with a full one, linear between. Continuous in every
+    input, so daemons scraping one server at different instants agree."""
+    return queue_share(x) * (kv_level(x) or 0.0)
 
 
 def kv_score(x: DriftInput) -> float:

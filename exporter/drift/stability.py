@@ -152,6 +152,7 @@ class Tracker:
                 tr.pending = tr.pending_level = 0
             return self._export(tr, f)
         tr.below += 1
+        tr.pending = tr.pending_level = 0      # an escalation needs consecutive evaluations too
         if tr.below >= self.clear_after:
             del self.tracks[key]
             return f if f is not None and raw_level == 1 else None
