@@ -37,8 +37,9 @@ class Prediction:
     # prior (catalogued GPU) | unprofiled (a generic or described device) | calibrated; None: no
     # step-time prediction at all
     basis: str | None = None
-    # the GPU hint contradicts what the server shows: (likely GPU or None, observed / predicted pool)
-    hint_mismatch: tuple[str | None, float] | None = None
+    # the GPU hint contradicts what the server shows: (GPUs the pool fits, best first; observed /
+    # predicted pool)
+    hint_mismatch: tuple[tuple[str, ...], float] | None = None
     hinted_gpu: str | None = None               # the hint the mismatch is about
     notes: tuple[str, ...] = ()
 

@@ -20,7 +20,7 @@ from exporter.errors import InputError
 from exporter.model import optimizer, perf, resolve_gpu, resolve_model
 from exporter.model.optimizer import Tier
 from exporter.model.architectures import ModelArch
-from exporter.model.gpus import GPU, find_gpu, gpu_names, non_gpu_kind, tier_names
+from exporter.model.gpus import GPU, find_gpu, generic_gpu, gpu_names, non_gpu_kind, tier_names
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.setup import Setup
 from exporter.model.spec_decode import ASSUMED_SPEC, SpecConfig, gain
@@ -139,7 +139,7 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                    max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
                    vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
                    traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
-                   observed_kv_tokens=x.kv_cache_tokens)
+                   observed_kv_tokens=x.kv_cache_tokens, device_hint=ident.device_hint)
 
 
 def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
@@ -174,10 +174,24 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             max_num_seqs: int | None, max_num_batched_tokens: int | None, block_size: float | None,
             vllm_version: str | None, traffic: Mapping[str, float | None],
             slo: Mapping[str, float | None], prices: Mapping[str, float],
-            observed_kv_tokens: float | None = None) -> Prediction:
+            observed_kv_tokens: float | None = None, device_hint: str | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
-    compute stay None, with a note."""
+    compute stay None, with a note.
+
+    A GPU hint with no catalog row (and no `gpus:` entry) is described from what the server shows:
+    its memory inferred from vLLM's own KV pool plus what the model needs beside it, the rest a
+    generic prior (`generic_gpu`, basis "unprofiled"); step-time findings stay `info` on it."""
     notes = list(res.notes)
+    if (res.gpu is None and res.model is not None and device_hint and observed_kv_tokens
+            and not non_gpu_kind(device_hint)):
+        described = _described_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
+                                    gpu_memory_utilization, int(block_size) if block_size else None,
+                                    read_version(vllm_version), float(f"{observed_kv_tokens:.4g}"), device_hint)
+        if described is not None:
+            res = replace(res, gpu=described)
+            notes.append(f"{device_hint!r} has no catalog row: described as a generic {described.memory_gib:.0f} GiB "
+                         f"device (memory inferred from the server's KV pool); step-time predictions are an "
+                         f"unprofiled prior until calibrated")
     if res.model is None or res.gpu is None:
         return Prediction(notes=tuple(notes))
 
@@ -190,16 +204,17 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     except InputError as exc:
         notes.append(f"calculator: {exc}")
         return Prediction(notes=tuple(notes))
-    if observed_kv_tokens and cap.tokens > 0 and cap.bytes_per_token > 0:
+    if observed_kv_tokens and cap.tokens > 0 and cap.bytes_per_token > 0 and not res.gpu.unprofiled:
         ratio = observed_kv_tokens / cap.tokens
         off_gib = abs(observed_kv_tokens - cap.tokens) * cap.bytes_per_token / GIB
         if off_gib > MISMATCH_SHARE * setup.gpu_memory_gib:
             likely = _likely_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
-                                 gpu_memory_utilization, int(block_size) if block_size else None,
+                                 gpu_memory_utilization, int(max_model_len) if max_model_len else None,
+                                 max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
                                  read_version(vllm_version), float(f"{observed_kv_tokens:.3g}"), res.gpu.name)
             notes.append(f"the server's KV pool ({observed_kv_tokens:,.0f} tokens) is {ratio:.2f}x what "
                          f"{res.gpu.name} x{tp} would hold for this model ({off_gib:.1f} GiB per GPU apart): "
-                         f"the GPU hint looks wrong" + (f" (the pool fits {likely})" if likely else "")
+                         f"the GPU hint looks wrong" + (f" (the pool fits {' or '.join(likely)})" if likely else "")
                          + "; nothing is scored from the hinted hardware")
             return Prediction(hint_mismatch=(likely, round(ratio, 4)), hinted_gpu=res.gpu.name,
                               notes=tuple(notes))
@@ -225,28 +240,50 @@ MISMATCH_SHARE = 0.20
 
 
 @lru_cache(maxsize=256)
+def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
+                   util: float | None, block_size: int | None, version: Version | None,
+                   observed: float, name: str) -> GPU | None:
+    """A generic device whose memory makes this model's predicted pool the observed one: what the
+    model needs beside the pool (weights, activations, graphs), probed on an 80 GiB device, plus
+    the observed pool, over the memory utilisation."""
+    try:
+        probe = generic_gpu(80.0, name=name)
+        setup = _setup(model, probe, tp, pp, quantization, kv_dtype, util, None, None, None, block_size, version)
+        cap = kv_capacity(setup, check_fits=False)
+        used = setup.gpu_memory_utilization * setup.gpu_memory_gib
+        beside = used - cap.memory.kv_cache_gib
+        memory = (beside + observed * cap.bytes_per_token / GIB) / setup.gpu_memory_utilization
+        return generic_gpu(round(memory, 1), name=name) if memory > 0 else None
+    except (InputError, ArithmeticError, ValueError, TypeError):
+        return None
+
+
+@lru_cache(maxsize=256)
 def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
-                util: float | None, block_size: int | None, version: Version | None,
-                observed: float, hinted: str) -> str | None:
-    """The catalog GPU whose predicted pool for this model is closest to the observed one
-    (within 10% of its memory), else None."""
-    best, err = None, math.inf
+                util: float | None, max_model_len: int | None, max_num_seqs: int | None, mnbt: int | None,
+                block_size: int | None, version: Version | None, observed: float,
+                hinted: str) -> tuple[str, ...]:
+    """The catalog GPUs whose predicted pool for this model is closest to the observed one (within
+    10% of their memory), best first; cards of one memory class (L4, A30, RTX 4090) hold alike
+    pools, so all of them within 3 points of the best are named."""
+    scored = []
     for name in gpu_names():
         if name == hinted:
             continue
+        gpu = find_gpu(name)
         try:
-            setup = _setup(model, find_gpu(name), tp, pp, quantization, kv_dtype, util, None, None,
-                           None, block_size, version)
-            tokens = kv_capacity(setup, check_fits=False).tokens
+            setup = _setup(model, gpu, tp, pp, quantization, kv_dtype, util, max_model_len, max_num_seqs,
+                           mnbt, block_size, version)
+            cap = kv_capacity(setup, check_fits=False)
         except (InputError, ArithmeticError, ValueError, TypeError):
             continue
-        if tokens <= 0:
+        if cap.tokens <= 0:
             continue
-        gpu = find_gpu(name)
-        e = abs(observed - tokens) * kv_capacity(setup, check_fits=False).bytes_per_token / GIB / gpu.memory_gib
-        if e < min(err, 0.10):
-            best, err = name, e
-    return best
+        e = abs(observed - cap.tokens) * cap.bytes_per_token / GIB / gpu.memory_gib
+        if e < 0.10:
+            scored.append((e, not gpu.tier, name))
+    scored.sort()
+    return tuple(n for e, _, n in scored if e <= scored[0][0] + 0.03)[:6] if scored else ()
 
 
 # Without configured SLOs the tier comparison uses these interactive-chat defaults (documented in

@@ -608,6 +608,9 @@ def rule_tier_misplacement(x: DriftInput) -> list[Finding]:
     p = x.prediction
     if x.observation_only or p.hint_mismatch is not None:
         return []       # no GPU to compare against, or not the one hinted
+    if p.basis == "unprofiled":
+        return [unavailable("tier_misplacement", "a catalog row for the device (price and profile)",
+                            "add it under `gpus:` in the config")]
     if "gpu" in x.missing_hints or "model" in x.missing_hints:
         miss = [h for h in ("gpu", "model") if h in x.missing_hints]
         return [unavailable("tier_misplacement", f"the {' and '.join(miss)} hint",
@@ -648,10 +651,10 @@ def rule_hint_mismatch(x: DriftInput) -> list[Finding]:
     score = 1.0 - min(ratio, 1.0 / ratio) if ratio > 0 else 1.0
     expl = (f"the GPU hint says {x.prediction.hinted_gpu or x.gpu} x{x.tp}, but the server's KV pool "
             f"({_fmt(x.kv_cache_tokens)} tokens) is {ratio:.2f}x what that would hold for this model"
-            + (f"; it matches {likely}" if likely else "; no catalogued GPU matches it")
+            + (f"; it matches {' or '.join(likely)}" if likely else "; no catalogued GPU matches it")
             + ": fix the hint (targets[].gpu / the gpu label); tier and cost findings are off until then.")
     return [_finding("hint_mismatch", score, expl, configured=x.prediction.hinted_gpu or x.gpu,
-                     recommended=likely, binding="kv_pool", severity="warning")]
+                     recommended=likely[0] if likely else None, binding="kv_pool", severity="warning")]
 
 
 RULES: tuple[Callable[[DriftInput], list[Finding]], ...] = (
