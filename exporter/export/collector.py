@@ -151,8 +151,10 @@ class FleetCollector(Collector):
         fstatus = _g("vllm_drift_finding_status",
                      "1 for each finding's evaluation status (ok, insufficient_data, unavailable).",
                      tm + ["finding", "status"])
-        slo = _g("vllm_drift_slo_seconds", "The latency SLO a target is judged against (configured, "
-                 "else the default).", tm + ["metric", "quantile"])
+        # typed summary: its samples are quantile objectives (the agreed `quantile` label), which
+        # the exposition linters (promtool check metrics) accept on summaries only
+        slo = Metric("vllm_drift_slo_seconds", "The latency SLO (p99 objective) a target is judged against "
+                     "(configured, else the default).", "summary")
         ratio = _g("vllm_drift_observed_to_predicted_kv_cache_ratio",
                    "Observed KV-cache capacity divided by the predicted one.", tm)
         status = _g("vllm_drift_evaluation_status",
@@ -187,7 +189,8 @@ class FleetCollector(Collector):
                 for name, st in r.finding_status.items():
                     fstatus.add_metric(key + [name, st.get("status", "ok")], 1.0)
                 for metric, seconds in r.slo_seconds.items():
-                    slo.add_metric(key + [metric, "0.99"], seconds)
+                    slo.add_sample("vllm_drift_slo_seconds", {"target": r.target, "model_name": r.model_name,
+                                                              "metric": metric, "quantile": "0.99"}, seconds)
                 if r.predicted_kv_cache_tokens is not None:
                     pkv.add_metric(key, r.predicted_kv_cache_tokens)
                 basis = r.predicted_basis or "prior"
