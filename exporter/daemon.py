@@ -191,6 +191,8 @@ class Daemon:
         for url in list(self.targets):
             if url not in wanted:
                 log.info("target removed", target=url)
+                for model_name in self.targets[url].pipelines:
+                    self.pipelines.calibration.forget(url, model_name)
                 del self.targets[url]
         gpus = None
         if self.dcgm is not None:
@@ -292,6 +294,7 @@ class Daemon:
         for gone in set(st.pipelines) - seen:
             st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
+            self.pipelines.calibration.forget(url, gone)
 
     @staticmethod
     def _restarted(st: TargetState, snaps: list[Snapshot]) -> bool:
@@ -522,7 +525,8 @@ class Daemon:
             return
         try:
             n, windows = self.pipelines.restore(doc)
-            log.info("state restored", findings_trackers=n, windows=windows)
+            log.info("state restored", findings_trackers=n, windows=windows,
+                     calibration_pools=len(self.pipelines.calibration.pools))
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             self.state_store.error("load", f"unusable state: {exc}")
             self.state_store.set_aside()

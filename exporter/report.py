@@ -63,7 +63,12 @@ class ModelReport:
     tier: TierAdvice | None = None
     waste_dollars_per_hour: float | None = None
     predicted_kv_cache_tokens: float | None = None
-    predicted_tpot_seconds: float | None = None
+    predicted_tpot_seconds: float | None = None          # at the observed load, on `prediction_basis`
+    predicted_ttft_seconds: float | None = None
+    prior_tpot_seconds: float | None = None              # the a-priori model's, beside it
+    prior_ttft_seconds: float | None = None
+    prediction_basis: str = "prior"                      # prior | unprofiled | calibrated
+    calibration: dict[str, Any] | None = None            # pool, factors, fit_error, updates, rejected
     observed_kv_cache_tokens_ratio: float | None = None  # observed / predicted capacity
     notes: tuple[str, ...] = ()
     evaluated_at: float | None = None
@@ -72,8 +77,6 @@ class ModelReport:
     # finding -> {"status": ok|insufficient_data|unavailable, "reason": str}: why a finding is
     # absent (not judged yet, and how long until it is; or a signal the server lacks)
     finding_status: dict[str, dict[str, str]] = field(default_factory=dict)
-    predicted_ttft_seconds: float | None = None
-    predicted_basis: str | None = None                     # prior | unprofiled | calibrated
     slo_seconds: dict[str, float] = field(default_factory=dict)   # "ttft"/"tpot" -> p99 target
     slo_source: dict[str, str] = field(default_factory=dict)      # "ttft"/"tpot" -> configured|default
 
@@ -96,9 +99,12 @@ class ModelReport:
             "configured": self.configured,
             "recommended": self.recommended,
             "predicted": {"kv_cache_tokens": self.predicted_kv_cache_tokens,
+                          "basis": self.prediction_basis,
                           "tpot_seconds": self.predicted_tpot_seconds,
                           "ttft_seconds": self.predicted_ttft_seconds,
-                          "basis": self.predicted_basis,
+                          "prior_tpot_seconds": self.prior_tpot_seconds,
+                          "prior_ttft_seconds": self.prior_ttft_seconds,
+                          "calibration": self.calibration,
                           "observed_to_predicted_kv_ratio": self.observed_kv_cache_tokens_ratio},
             "finding_status": self.finding_status,
             "slo": {"p99_seconds": self.slo_seconds, "source": self.slo_source},

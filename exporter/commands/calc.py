@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import CatalogError, InputError
+from exporter.model.calibrate import fit_setup as fit_calibration, read_rows
 from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
 from exporter.model.profiles import Profile, get_profile, profiles
@@ -92,6 +93,9 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("SLOs and speculation", ("--spec-tokens",), dict(type=int, default=0, metavar="K",
                                                       help="speculative tokens per step (0: judge k=3 EAGLE across acceptance 0.3-0.9)")),
     ("SLOs and speculation", ("--spec-acceptance",), dict(type=float, metavar="F", help="measured per-token draft acceptance rate")),
+    ("calibration", ("--calibrate",), dict(action="append", default=[], metavar="FILE.csv",
+                                           help="measured rows (columns of throughput-observations.csv, as `sweep --out` "
+                                                "writes) that fit the step-time model before predicting; repeatable")),
     ("output", ("--sweep",), dict(metavar="PARAM", choices=tradeoff.PARAMS,
                                   help="trade-off table for one parameter: " + ", ".join(tradeoff.PARAMS))),
     ("output", ("--html",), dict(metavar="FILE", type=Path, help="write a self-contained HTML report with plots "
@@ -274,13 +278,22 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
 
 
 def performance_sections(setup: Setup, args: argparse.Namespace, inp: Inputs) -> dict[str, Any]:
-    """`traffic`, `predicted`, `recommendation`, `speculative_decoding`, `tiers`, `notes`."""
-    return performance_report(
+    """`traffic`, `predicted`, `recommendation`, `speculative_decoding`, `tiers`, `notes`; with
+    `--calibrate`, fitted on the measured rows first (and a `calibration` section)."""
+    fit, notes = None, []
+    if args.calibrate:
+        fit, notes = fit_calibration(setup, read_rows(args.calibrate), quantization=args.quantization)
+    doc = performance_report(
         setup, prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
         prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,
         concurrency=args.concurrency, rate=args.rate, prefix_hit_ratio=inp.prefix_hit_ratio,
         ttft_slo=inp.ttft_slo, tpot_slo=inp.tpot_slo, spec_tokens=args.spec_tokens,
-        spec_acceptance=args.spec_acceptance)
+        spec_acceptance=args.spec_acceptance,
+        calibration=fit.calibration if fit is not None and fit.rows_used and not fit.rejected else None)
+    if fit is not None:
+        doc["calibration"] = fit.as_dict()
+        doc["notes"] = notes + doc.get("notes", [])
+    return doc
 
 
 def profile_section(inp: Inputs) -> dict[str, Any] | None:

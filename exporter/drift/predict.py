@@ -118,7 +118,8 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None) -> Iden
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
-                spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float]) -> Prediction:
+                spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float],
+                calibration: perf.Calibration | None = None) -> Prediction:
     """The prediction seam: given who the target is and what was observed, what the model says
     (KV capacity, TPOT at the observed load, spec-decode gains, tiers), with its `basis`.
 
@@ -133,13 +134,49 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
                "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
                "spec_k": x.spec_k}
-    return predict(ident.resolved, tp=ident.tp, pp=ident.pp, quantization=ident.quantization,
+    return predict(described(ident, x, vllm_version), tp=ident.tp, pp=ident.pp, quantization=ident.quantization,
                    cache_dtype=x.cache_dtype, gpu_memory_utilization=x.gpu_memory_utilization,
                    max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
                    max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
                    vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
                    traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
-                   observed_kv_tokens=x.kv_cache_tokens, device_hint=ident.device_hint)
+                   observed_kv_tokens=x.kv_cache_tokens, calibration=calibration)
+
+
+def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resolved:
+    """The target's resolved hints, with a GPU hint that has no catalog row described from the
+    server's own KV pool (`_described_gpu`: a generic, unprofiled device)."""
+    res = ident.resolved
+    hint = ident.device_hint
+    if (res.gpu is None and res.model is not None and hint and x.kv_cache_tokens and not non_gpu_kind(hint)
+            and not x.observation_only):
+        gpu = _described_gpu(res.model, int(ident.tp), int(ident.pp), ident.quantization, _kv_dtype(x.cache_dtype),
+                             x.gpu_memory_utilization, int(x.block_size) if x.block_size else None,
+                             read_version(vllm_version), float(f"{x.kv_cache_tokens:.4g}"), hint)
+        if gpu is not None:
+            res = replace(res, gpu=gpu, notes=res.notes + (
+                f"{hint!r} has no catalog row: described as a generic {gpu.memory_gib:.0f} GiB device (memory "
+                f"inferred from the server's KV pool); step-time predictions are an unprofiled prior until "
+                f"calibrated",))
+    return res
+
+
+def setup_for(ident: Identity, x: DriftInput, vllm_version: str | None) -> Setup | None:
+    """The calculator's setup of this target (None when the model or GPU is unknown, or the
+    calculator refuses it): what `predict_for` predicts from, for calibration."""
+    if x.observation_only:
+        return None
+    res = described(ident, x, vllm_version)
+    if res.model is None or res.gpu is None:
+        return None
+    try:
+        return _setup(res.model, res.gpu, int(ident.tp), int(ident.pp), ident.quantization,
+                      _kv_dtype(x.cache_dtype), x.gpu_memory_utilization,
+                      int(x.max_model_len) if x.max_model_len else None, x.max_num_seqs,
+                      x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
+                      read_version(vllm_version))
+    except InputError:
+        return None
 
 
 def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
@@ -174,24 +211,14 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             max_num_seqs: int | None, max_num_batched_tokens: int | None, block_size: float | None,
             vllm_version: str | None, traffic: Mapping[str, float | None],
             slo: Mapping[str, float | None], prices: Mapping[str, float],
-            observed_kv_tokens: float | None = None, device_hint: str | None = None) -> Prediction:
+            observed_kv_tokens: float | None = None,
+            calibration: perf.Calibration | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note.
 
-    A GPU hint with no catalog row (and no `gpus:` entry) is described from what the server shows:
-    its memory inferred from vLLM's own KV pool plus what the model needs beside it, the rest a
-    generic prior (`generic_gpu`, basis "unprofiled"); step-time findings stay `info` on it."""
+    A device described from the server (`described`: a GPU hint with no catalog row) is a generic
+    prior: basis "unprofiled", and step-time findings stay `info` on it until calibrated."""
     notes = list(res.notes)
-    if (res.gpu is None and res.model is not None and device_hint and observed_kv_tokens
-            and not non_gpu_kind(device_hint)):
-        described = _described_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
-                                    gpu_memory_utilization, int(block_size) if block_size else None,
-                                    read_version(vllm_version), float(f"{observed_kv_tokens:.4g}"), device_hint)
-        if described is not None:
-            res = replace(res, gpu=described)
-            notes.append(f"{device_hint!r} has no catalog row: described as a generic {described.memory_gib:.0f} GiB "
-                         f"device (memory inferred from the server's KV pool); step-time predictions are an "
-                         f"unprofiled prior until calibrated")
     if res.model is None or res.gpu is None:
         return Prediction(notes=tuple(notes))
 
@@ -225,9 +252,9 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
                                 kv_cache_gib=cap.memory.kv_cache_gib, gpu_memory_gib=setup.gpu_memory_gib,
                                 fp8_kv_supported=fp8, current_cost_per_hour=cost,
                                 default_max_num_seqs=None if max_num_seqs else setup.max_num_seqs)
-    pred.update(_performance(setup, traffic, slo, prices, notes))
-    if pred.get("tpot_s") is not None or pred.get("tpot_at") or pred.get("current_max_rps") is not None:
-        pred["basis"] = "unprofiled" if res.gpu.unprofiled else "prior"
+    pred.update(_performance(setup, traffic, slo, prices, notes, calibration))
+    if res.gpu.unprofiled:
+        pred["basis"] = "unprofiled"
     return Prediction(**pred, notes=tuple(notes))
 
 
@@ -302,7 +329,8 @@ def slo_of(x: DriftInput) -> dict[str, dict[str, Any]]:
 
 
 def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
-                 prices: Mapping[str, float], notes: list[str]) -> dict[str, Any]:
+                 prices: Mapping[str, float], notes: list[str],
+                 calibration: perf.Calibration | None = None) -> dict[str, Any]:
     """TPOT at the observed load, the replica's sustainable rate at the SLOs, the spec-decode
     speed-up and the tier ranking, from `exporter.model.perf` and `exporter.model.optimizer`."""
     out: dict[str, Any] = {}
@@ -323,7 +351,7 @@ def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping
         per_pos = traffic.get("spec_per_position")
         out.update(_latency(setup, tr, s, traffic.get("running_mean"), traffic.get("spec_k"),
                             tuple(per_pos) if per_pos else None, traffic.get("spec_draft_cost"),
-                            want_table=slo.get("tpot") is not None))
+                            want_table=slo.get("tpot") is not None, calibration=calibration))
     except (InputError, ArithmeticError, ValueError) as exc:
         notes.append(f"calculator latency: {exc}")
     if tr.arrival_rate_rps:
@@ -358,16 +386,18 @@ CONSUMER_GPUS = ("RTX-3090-24GB", "RTX-4090-24GB")
 
 
 def _latency(setup: Setup, tr: Traffic, s: SLO, running: float | None, k: float | None,
-             per_pos: tuple[float, ...] | None, draft_cost: float | None, want_table: bool) -> dict[str, Any]:
+             per_pos: tuple[float, ...] | None, draft_cost: float | None, want_table: bool,
+             calibration: perf.Calibration | None = None) -> dict[str, Any]:
     """The latency side, in cached pieces: the costly ones (SLO-feasible capacity, TPOT per
-    batch) on the coarse traffic grid, TPOT at the running batch on the fine one."""
+    batch) on the coarse traffic grid, TPOT at the running batch on the fine one. `calibration`:
+    this server's fitted step-time factors (on a coarse grid too, so steady pools hit the cache)."""
     out: dict[str, Any] = {}
     coarse = _coarse(tr)
     if running and running >= 1:
-        out["tpot_s"], out["ttft_s"] = _latency_at(setup, coarse, max(1, int(round(running))))
+        out["tpot_s"] = _tpot(setup, coarse, max(1, int(round(running))), calibration)
     if want_table:
-        out["tpot_at"] = dict(_tpot_table(setup, coarse))
-    rate, b_cap = _capacity(setup, coarse, s)
+        out["tpot_at"] = dict(_tpot_table(setup, coarse, calibration))
+    rate, b_cap = _capacity(setup, coarse, s, calibration)
     out["current_max_rps"] = rate
     out["capacity_batch"] = b_cap
     if not k and running:
@@ -392,21 +422,19 @@ def _missed_gain(setup: Setup, tr: Traffic, batch: int) -> float:
 
 
 @lru_cache(maxsize=1024)
-def _latency_at(setup: Setup, tr: Traffic, batch: int) -> tuple[float, float | None]:
-    p = perf.predict(setup, tr, concurrency=batch)
-    ttft = getattr(p, "ttft_s", None)
-    return float(p.tpot_s), (None if ttft is None else float(ttft))
+def _tpot(setup: Setup, tr: Traffic, batch: int, cal: perf.Calibration | None = None) -> float:
+    return float(perf.predict(setup, tr, concurrency=batch, calibration=cal).tpot_s)
 
 
 @lru_cache(maxsize=256)
-def _tpot_table(setup: Setup, tr: Traffic) -> tuple[tuple[int, float], ...]:
-    return tuple((b, float(perf.predict(setup, tr, concurrency=b).tpot_s))
+def _tpot_table(setup: Setup, tr: Traffic, cal: perf.Calibration | None = None) -> tuple[tuple[int, float], ...]:
+    return tuple((b, float(perf.predict(setup, tr, concurrency=b, calibration=cal).tpot_s))
                  for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= setup.max_num_seqs)
 
 
 @lru_cache(maxsize=256)
-def _capacity(setup: Setup, tr: Traffic, s: SLO) -> tuple[float | None, int | None]:
-    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s)
+def _capacity(setup: Setup, tr: Traffic, s: SLO, cal: perf.Calibration | None = None) -> tuple[float | None, int | None]:
+    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s, calibration=cal)
     return (float(rate) if rate > 0 else None), (int(b_cap) if b_cap else None)
 
 

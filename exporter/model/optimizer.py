@@ -66,13 +66,13 @@ def _ctx(traffic: Traffic) -> float:
 
 
 def tpot_batch_limit(setup: Any, traffic: Traffic, tpot_slo: float, upper: int,
-                     spec: SpecConfig | None = None) -> int:
+                     spec: SpecConfig | None = None, calibration: Any = None) -> int:
     """Largest closed-loop batch whose predicted TPOT meets the SLO (0 if even 1 does not).
 
     TPOT here is the mean; the p99 SLO is met with the mean kept under it, since decode steps of
     a fixed mix vary little (the spread comes from prefill chunks, which the mean includes)."""
     def ok(b: int) -> bool:
-        return predict(setup, traffic, concurrency=b, spec=spec).tpot_s <= tpot_slo
+        return predict(setup, traffic, concurrency=b, spec=spec, calibration=calibration).tpot_s <= tpot_slo
     if not ok(1):
         return 0
     if ok(upper):
@@ -196,8 +196,10 @@ class Tier:
                 "current": self.current}
 
 
-def replica_capacity(setup: Any, traffic: Traffic, slo: SLO) -> tuple[float, int, Prediction | None, str]:
+def replica_capacity(setup: Any, traffic: Traffic, slo: SLO,
+                     calibration: Any = None) -> tuple[float, int, Prediction | None, str]:
     """(SLO-feasible requests/s of one replica, its max_num_seqs, the prediction there, why).
+    `calibration`: step-time factors fitted to this server (`exporter.model.calibrate`).
 
     The batch is the largest meeting the TPOT SLO and fitting the KV pool; at that batch the
     closed-loop throughput is the replica's rate, provided the TTFT SLO holds there (else the
@@ -211,16 +213,16 @@ def replica_capacity(setup: Any, traffic: Traffic, slo: SLO) -> tuple[float, int
     b = min(kv_b, setup.max_num_seqs)
     why = "KV capacity" if kv_b < setup.max_num_seqs else "max_num_seqs"
     if slo.tpot_p99_s is not None:
-        lim = tpot_batch_limit(setup, traffic, slo.tpot_p99_s, b)
+        lim = tpot_batch_limit(setup, traffic, slo.tpot_p99_s, b, calibration=calibration)
         if lim == 0:
-            return 0.0, 0, predict(setup, traffic, concurrency=1), "TPOT SLO missed at batch 1"
+            return 0.0, 0, predict(setup, traffic, concurrency=1, calibration=calibration), "TPOT SLO missed at batch 1"
         if lim < b:
             b, why = lim, "TPOT SLO"
-    p = predict(setup, traffic, concurrency=b)
+    p = predict(setup, traffic, concurrency=b, calibration=calibration)
     while slo.ttft_p99_s is not None and p.ttft_p99_s > slo.ttft_p99_s and b > 1:
         b = max(b // 2, 1)
         why = "TTFT SLO"
-        p = predict(setup, traffic, concurrency=b)
+        p = predict(setup, traffic, concurrency=b, calibration=calibration)
     if slo.ttft_p99_s is not None and p.ttft_p99_s > slo.ttft_p99_s:
         return 0.0, b, p, "TTFT SLO missed at batch 1"
     return p.requests_per_s, b, p, why

@@ -509,7 +509,8 @@ def kv_tokens_for(setup: Any) -> float:
 
 
 def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
-            rate: float | None = None, spec: Any = None) -> Prediction:
+            rate: float | None = None, spec: Any = None,
+            calibration: Calibration | None = None) -> Prediction:
     """Latency and throughput of `setup` under `traffic`.
 
     concurrency: closed loop (that many clients, each sending its next request when the last one
@@ -517,6 +518,8 @@ def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
     (requests/s). Neither: the traffic's own concurrency or rate, else one client.
     spec: an optional `spec_decode.SpecConfig` (tokens gained and verified per step); the
     traffic's observed acceptance only describes the drafts, whether speculation runs is this.
+    calibration: factors fitted to measurements (`exporter.model.calibrate`) instead of the GPU
+    class's a-priori ones.
     """
     if concurrency is None and rate is None:
         concurrency = traffic.concurrency
@@ -528,7 +531,7 @@ def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
     if rate is not None and rate <= 0:
         raise InputError(f"rate must be > 0 requests/s (got {rate})")
     shape = shape_for(setup)
-    cal = calibration_for(shape.gpu_name, shape.gpu_vendor)
+    cal = calibration or calibration_for(shape.gpu_name, shape.gpu_vendor)
     per_step, per_seq = 1.0, 1.0
     if spec is not None and getattr(spec, "num_tokens", 0) > 0:
         per_step, per_seq = spec.expected_tokens, 1.0 + spec.num_tokens

@@ -35,12 +35,14 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
                        prices: Mapping[str, float] | None = None,
                        tiers: bool = True, tier_limit: int | None = 12,
                        prompt_tokens_p99: float | None = None,
-                       output_tokens_p99: float | None = None) -> dict[str, Any]:
+                       output_tokens_p99: float | None = None,
+                       calibration: Any = None) -> dict[str, Any]:
     """{"predicted", "recommendation", "speculative_decoding", "tiers", "notes"} for `setup`.
 
     "predicted" is at the given concurrency or rate; without either, at the recommended
     operating point (recommended flags, running the recommended max_num_seqs). The current
-    GPU x TP is always a tier row (`current: true`)."""
+    GPU x TP is always a tier row (`current: true`). `calibration`: fitted step-time factors
+    (`exporter.model.calibrate`) for "predicted"; the prior's TPOT and TTFT are kept beside them."""
     traffic = make_traffic(prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                            prompt_tokens_p99=prompt_tokens_p99, output_tokens_p99=output_tokens_p99,
                            concurrency=concurrency, rate=rate, prefix_hit_ratio=prefix_hit_ratio,
@@ -60,16 +62,22 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
     if fit:
         notes.append(fit)
     if concurrency is not None or rate is not None:
-        at, pred = setup, predict(setup, traffic, concurrency=concurrency, rate=rate, spec=spec)
+        at, kw = setup, dict(concurrency=concurrency, rate=rate, spec=spec)
         point = "given load"
     else:
         at = tuned
-        pred = predict(tuned, traffic, concurrency=rec.max_num_seqs,
-                       spec=spec if rec.speculative_decoding else None)
+        kw = dict(concurrency=rec.max_num_seqs, spec=spec if rec.speculative_decoding else None)
         point = f"recommended operating point (concurrency {rec.max_num_seqs})"
+    pred = predict(at, traffic, **kw, calibration=calibration)
     predicted = pred.as_dict()
     tp99 = tpot_p99_s(at, traffic, pred)
     predicted["tpot_p99_s"] = None if tp99 is None else round(tp99, 6)
+    predicted["basis"] = "prior"
+    if calibration is not None:
+        prior = predict(at, traffic, **kw)
+        predicted["basis"] = "calibrated"
+        predicted["prior_tpot_s"] = prior.as_dict()["tpot_s"]
+        predicted["prior_ttft_s"] = prior.as_dict()["ttft_s"]
     predicted["operating_point"] = point
     predicted["meets_slo"] = _meets(pred, tp99, slo)
     # speculative decoding: one shared verdict (spec_decode.spec_verdict) at the batch this

@@ -42,7 +42,7 @@ def test_the_right_hint_is_no_mismatch():
     r = run(server, Scraper(server, window_s=120), 180)
     assert r.finding_status["hint_mismatch"]["status"] == "ok"
     assert "hint_mismatch" not in {f.finding for f in r.findings}
-    assert r.predicted_basis == "prior" and r.predicted_kv_cache_tokens
+    assert r.prediction_basis in ("prior", "calibrated") and r.predicted_kv_cache_tokens
 
 
 def test_a_gpu_without_a_row_gets_kv_findings_at_once_and_step_time_ones_at_info():
@@ -51,7 +51,7 @@ def test_a_gpu_without_a_row_gets_kv_findings_at_once_and_step_time_ones_at_info
     first = run(server, scraper, 30)
     assert "kv_pressure" in loud(first)                  # from vLLM's own pool, first evaluation
     r = run(SimServer("kv-pressure", seed=1), Scraper(server, gpu="Tesla-Q99-24GB", window_s=120), 240)
-    assert r.predicted_basis == "unprofiled" and r.predicted_tpot_seconds is not None
+    assert r.prediction_basis == "unprofiled" and r.predicted_tpot_seconds is not None
     assert "kv_pressure" in loud(r)
     assert r.finding_status["tier_misplacement"]["status"] == "unavailable"
     for f in r.findings:
