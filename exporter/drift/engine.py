@@ -135,7 +135,10 @@ class DriftEngine:
             pending = ""
         else:
             status = "insufficient_data"
-            scope = INSTANT + (("idle_capacity",) if ok else ())
+            # max_model_len only against the lifetime's request shapes (>= 50 requests), never a
+            # short or quiet window's handful
+            scope = tuple(n for n in INSTANT if n != "max_model_len" or x.lifetime_shapes)
+            scope += ("idle_capacity",) if ok else ()
             ran = [f for rule in rules for f in rule(x)]
             ran = [f for f in ran if _instant(f, scope) or (f.finding == "unavailable" and
                                                              _finding_of(f) in scope)]

@@ -88,6 +88,7 @@ class DriftInput:
     max_tokens_mean: float | None = None          # request_params_max_tokens over the window
     max_tokens_top: float | None = None           # upper bound of its highest populated bucket
     coarse: tuple[str, ...] = ()                  # quantiles read from a bucket too wide to tell
+    lifetime_shapes: bool = False                 # request shapes from the server's lifetime (no window yet)
     prefix_hit_ratio: float | None = None
     spec_acceptance: float | None = None         # accepted / draft tokens
     spec_mean_accepted: float | None = None      # accepted tokens per draft (excl. bonus)

@@ -8,6 +8,7 @@ next to the rules that depend on them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from exporter.config import SLO
@@ -19,6 +20,7 @@ from exporter.parse.version import read_version
 from exporter.parse.metadata import Metadata
 
 MIN_COVER = 0.5          # share of the window the data must cover
+LIFETIME_MIN_REQUESTS = 50   # finished requests before a server's lifetime shapes stand in for a window
 MIN_SAMPLES = 3
 
 
@@ -57,6 +59,19 @@ def _top_populated(h: Histogram | None) -> float | None:
             top = bound
         prev = count
     return top
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A lifetime histogram's quantiles, read like the window's (`_q`)."""
+
+    mean: float | None
+    p50: float | None
+    p99: float | None
+
+    @classmethod
+    def of(cls, h: Histogram) -> "_Shape":
+        return cls(h.mean(), h.quantile(0.5), h.quantile(0.99))
 
 
 def _bucket_of(h: Histogram | None, value: float | None) -> tuple[float, float] | None:
@@ -144,6 +159,28 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         spec_k = float(len(per_pos))
     prompt = getattr(obs, "prompt_len", None)
     gen = getattr(obs, "generation_len", None)
+    length_share = _f(getattr(obs, "finished_length_share", None))
+    lifetime = False
+    samples = int(getattr(obs, "samples", 0) or 0)
+    covered = _f(getattr(obs, "duration_s", 0.0)) or 0.0
+    win = float(getattr(window, "duration", window_s) if window is not None else window_s)
+    if samples < MIN_SAMPLES or covered < MIN_COVER * win:
+        # the window cannot judge yet (one scrape, a new target, a reset): the request shapes the
+        # server has seen since it started (its cumulative histograms) stand in, once at least 50
+        # requests finished and more than in the window
+        hp, hg = latest.histograms.get("prompt_tokens"), latest.histograms.get("generation_tokens")
+        in_window = getattr(gen, "count", 0) or 0
+        if (hp is not None and hg is not None and (hg.count or 0) >= LIFETIME_MIN_REQUESTS
+                and (hg.count or 0) > in_window):
+            lifetime = True
+            prompt, gen = _Shape.of(hp), _Shape.of(hg)
+            prompt_hist, gen_hist = hp, hg
+            maxtok_hist = latest.histograms.get("max_tokens_param")
+            maxtok_top = _top_populated(maxtok_hist)
+            done = latest.counters.get("request_success_total")
+            length = latest.finished_by_reason.get("length")
+            if done and length is not None:
+                length_share = length / done
     tpot = getattr(obs, "tpot", None)
     ttft = getattr(obs, "ttft", None)
     queue = getattr(obs, "queue_time", None)
@@ -156,7 +193,6 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         out_p99 = min(out_p99, maxtok_top)
     if out_p99 is not None and mml is not None:
         out_p99 = min(out_p99, mml)
-    length_share = _f(getattr(obs, "finished_length_share", None))
     backend = backend_of(version=metadata.vllm_version if metadata else None, metric_names=latest.families,
                          cache_config=latest.cache_config, device=ident.device_hint)
 
@@ -178,7 +214,7 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         context_length_share=context_share(length_share, mml, _q(prompt, "mean"), _q(prompt, "p99"),
                                            gen_hist, maxtok_hist),
         max_tokens_mean=maxtok_hist.mean() if maxtok_hist is not None and maxtok_hist.count else None,
-        max_tokens_top=maxtok_top, coarse=tuple(coarse),
+        max_tokens_top=maxtok_top, coarse=tuple(coarse), lifetime_shapes=lifetime,
         prefix_hit_ratio=_f(getattr(obs, "prefix_cache_hit_ratio", None)),
         spec_acceptance=_f(getattr(obs, "spec_decode_acceptance_rate", None)),
         spec_mean_accepted=None if mean_len is None else mean_len - 1.0,

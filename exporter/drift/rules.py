@@ -652,7 +652,8 @@ def rule_hint_mismatch(x: DriftInput) -> list[Finding]:
     expl = (f"the GPU hint says {x.prediction.hinted_gpu or x.gpu} x{x.tp}, but the server's KV pool "
             f"({_fmt(x.kv_cache_tokens)} tokens) is {ratio:.2f}x what that would hold for this model"
             + (f"; it matches {' or '.join(likely)}" if likely else "; no catalogued GPU matches it")
-            + ": fix the hint (targets[].gpu / the gpu label); tier and cost findings are off until then.")
+            + ": fix the hint (targets[].gpu / the gpu label), or the model / quantization / TP-PP hints if the "
+              "server runs another one; tier and cost findings are off until then.")
     return [_finding("hint_mismatch", score, expl, configured=x.prediction.hinted_gpu or x.gpu,
                      recommended=likely[0] if likely else None, binding="kv_pool", severity="warning")]
 
@@ -670,9 +671,10 @@ OBSERVATION_RULES: tuple[Callable[[DriftInput], list[Finding]], ...] = (
     rule_enable_prefix_caching, rule_idle_capacity,
 )
 
-# Findings one snapshot (or a window without rates yet) can establish: gauges and configuration.
-# Everything else needs counter rates over the window and waits for them.
-INSTANT = ("kv_pressure", "hint_mismatch", "gpu_memory_utilization")
+# Findings one snapshot (or a window without rates yet) can establish: gauges, configuration, and
+# max_model_len against the request shapes of the server's lifetime (its cumulative histograms, from
+# 50 finished requests). Everything else needs counter rates over the window and waits for them.
+INSTANT = ("kv_pressure", "hint_mismatch", "gpu_memory_utilization", "max_model_len")
 
 # Findings whose score comes from a step-time model: on an unprofiled device they stay `info`
 # until calibrated (bindings of the rules above).

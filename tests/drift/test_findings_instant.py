@@ -59,7 +59,7 @@ def test_one_snapshot_gives_the_instant_verdicts_only():
         assert r.status == "insufficient_data"
         assert loud(r) == want, scenario
         assert {k for k, v in r.finding_status.items() if v["status"] == "ok"} >= {"kv_pressure"}
-        assert "one snapshot has no rates" in r.finding_status["max_model_len"]["reason"]
+        assert "one snapshot has no rates" in r.finding_status["max_num_seqs"]["reason"]
 
 
 def test_a_counter_reset_does_not_hide_what_a_snapshot_proves():
@@ -72,3 +72,15 @@ def test_a_counter_reset_does_not_hide_what_a_snapshot_proves():
     assert scraper.pipe.window.resets == 1
     assert reports and all(r.status == "insufficient_data" for r in reports)
     assert all("kv_pressure" in loud(r) for r in reports)
+
+
+def test_max_model_len_against_the_servers_lifetime_before_the_window_fills():
+    """An oversized context is judged from the request shapes the server has seen since it started
+    (its cumulative histograms, >= 50 requests) while the window is still filling."""
+    server = SimServer("oversized-max-model-len", seed=3)
+    reports = run(server, Scraper(server), 60)
+    assert all(r.status == "insufficient_data" for _, r in reports)
+    assert "max_model_len" in loud(reports[-1][1])
+    [f] = [f for f in reports[-1][1].findings if f.finding == "max_model_len"]
+    assert f.binding == "observed_length_p99" and f.recommended < f.configured
+    assert reports[-1][1].derived["context_length_share"] == 0.0
