@@ -129,9 +129,8 @@ class TargetPipeline:
             raise ValueError(f"{self.spec.url} {self.model_name}: nothing observed yet")
         fleet, spec, model_name = self.fleet, self.spec, self.model_name
         summary = self.window.summary(now)
-        observed = observed_signals(latest, summary)
-        if metadata and metadata.max_model_len and model_name in metadata.max_model_len:
-            observed["max_model_len"] = metadata.max_model_len[model_name]
+        mml = metadata.max_model_len.get(model_name) if metadata and metadata.max_model_len else None
+        observed = observed_signals(latest, summary, max_model_len=mml)
         version = metadata.vllm_version if metadata and metadata.vllm_version else None
         notes: list[str] = []
         event = fleet.engine.observe_config(spec.url, model_name, latest.cache_config, now)

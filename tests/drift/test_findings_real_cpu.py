@@ -91,3 +91,13 @@ def test_max_num_seqs_is_never_a_default_presented_as_observed():
             assert "max_num_seqs" not in r.configured
         else:
             assert src.startswith("inferred") or src == "hint"
+
+
+def test_observed_generation_quantiles_stay_within_what_was_asked():
+    """Every request of the kv-pressure run asked for 1,024 tokens (bucket (1000, 2000]): the
+    observed p90/p99 are not interpolated past the largest bucket requested, nor past max_model_len."""
+    r = report(KV)
+    o = r.observed
+    assert o["max_tokens_top_bucket"] == 2000.0
+    for stat in ("p50", "p90", "p99"):
+        assert o[f"generation_len_{stat}"] <= min(o["max_tokens_top_bucket"], o["max_model_len"])
