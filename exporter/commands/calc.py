@@ -66,6 +66,11 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                     "`gpus:` config section, see docs/gpus.md)")),
     ("setup", ("--tp",), dict(type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")),
     ("setup", ("--pp",), dict(type=int, default=1, metavar="N", help="pipeline-parallel size (default 1)")),
+    ("setup", ("--data-parallel",), dict(type=int, default=1, metavar="N",
+                                         help="data-parallel engines (--data-parallel-size); MoE experts "
+                                              "spread over tp x N GPUs (default 1)")),
+    ("setup", ("--enable-expert-parallel",), dict(action="store_true",
+                                                  help="whole MoE experts per GPU instead of tensor-split experts")),
     ("setup", ("--dtype",), dict(default="auto", metavar="DTYPE", help="model dtype: auto, bfloat16, float16, float32")),
     ("setup", ("--quantization",), dict(metavar="SCHEME", help="weight quantization: fp8, awq, gptq, w8a8, w4a16, nvfp4, mxfp4")),
     ("setup", ("--vllm-version",), dict(metavar="X.Y.Z", help="vLLM release whose defaults and accounting to follow")),
@@ -214,7 +219,8 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-        vllm_version=args.vllm_version)
+        vllm_version=args.vllm_version, dp=getattr(args, "data_parallel", 1) or 1,
+        expert_parallel=bool(getattr(args, "enable_expert_parallel", False)))
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -223,8 +229,8 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     the pool holds, with a note, since the question asked was not about that length."""
     setup = build_setup(args)
     notes = _mapping_notes(args.model, setup)
-    if args.max_model_len is not None:
-        return setup, kv_capacity(setup), notes
+    if args.max_model_len is not None:   # checked in run(): refused, but --json still prints
+        return setup, kv_capacity(setup, check_fits=False), notes
     loose = kv_capacity(setup, check_fits=False)
     if loose.blocks_per_request <= loose.gpu_blocks:
         return setup, loose, notes
@@ -254,6 +260,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
     return {
         "setup": {
             "model": setup.model.name, "gpu": setup.gpu.name, "tp": setup.tp, "pp": setup.pp,
+            "data_parallel": setup.dp, "expert_parallel": setup.expert_parallel,
             "dtype": setup.dtype, "quantization": setup.quantization,
             "kv_cache_dtype": setup.kv_cache_dtype,
             "gpu_memory_utilization": setup.gpu_memory_utilization,
@@ -268,6 +275,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "gpu_blocks": cap.gpu_blocks, "max_concurrency": round(cap.max_concurrency, 2),
             "block_size": cap.block_size, "num_groups": cap.num_groups,
             "blocks_per_request": cap.blocks_per_request,
+            "fits": cap.blocks_per_request <= cap.gpu_blocks,
         },
         "memory": {
             "weights_gib": round(m.weights_gib, 3), "activation_gib": round(m.activation_gib, 3),
@@ -328,6 +336,18 @@ def curve_section(setup: Setup, inp: Inputs, doc: dict[str, Any]) -> list[dict[s
                                       mark=rec["max_num_seqs"])
 
 
+def _refusal(setup: Setup, cap: KVCapacity, largest: int) -> str:
+    """vLLM's own refusal when one max_model_len request does not fit the pool, with the
+    largest length that would (`check_enough_kv_cache_memory` in v1/core/kv_cache_utils.py:
+    "... is larger than the maximum number of tokens that can be stored in KV cache ...
+    the estimated maximum model length is N")."""
+    return (f"max_model_len {setup.max_model_len} does not fit: one request needs "
+            f"{cap.blocks_per_request} KV blocks but the pool has {cap.gpu_blocks} "
+            f"({cap.tokens} tokens, {cap.memory.kv_cache_gib:.2f} GiB per GPU); the estimated "
+            f"maximum model length is {largest} (lower --max-model-len, raise "
+            f"--gpu-memory-utilization or use more GPUs)")
+
+
 def run(args: argparse.Namespace) -> int:
     from exporter.reports import terminal as out
 
@@ -347,6 +367,16 @@ def run(args: argparse.Namespace) -> int:
     setup, cap, notes = fit_setup(args)
     doc: dict[str, Any] = {"profile": profile_section(inp), "objective": inp.objective}
     doc.update(kv_sections(setup, cap))
+    if not doc["kv_cache"]["fits"]:
+        # refused as vLLM refuses (exit 2), but --json still prints what the pool holds
+        largest = largest_max_model_len(setup, cap.gpu_blocks)
+        message = _refusal(setup, cap, largest)
+        doc["kv_cache"]["estimated_max_model_len"] = largest
+        doc["error"] = message
+        if args.json:
+            json.dump(doc, sys.stdout, indent=2, default=str)
+            sys.stdout.write("\n")
+        raise InputError(message)
     doc.update(performance_sections(setup, args, inp))
     doc["notes"] = notes + doc.get("notes", [])
     if inp.lengths_from:

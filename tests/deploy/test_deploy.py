@@ -261,6 +261,7 @@ CRD_SCHEMAS = {
                                                   "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
                                                   "properties": {"record": {"type": "string"}, "alert": {"type": "string"},
                                                                  "expr": {"type": "string"}, "for": _DURATION,
+                                                                 "keep_firing_for": _DURATION,  # operator >= 0.65
                                                                  "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                                                                  "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}}}}}}}}},
 }

@@ -95,7 +95,8 @@ def test_alertmanager_example_passes_amtool_and_routes_by_severity():
     alerts = yaml.safe_load((REPO / "rules" / "prometheus_alerts.yaml").read_text())
     names = {rule["alert"] for g in alerts["groups"] for rule in g["rules"]}
     cases = {("VLLMKVCachePressure", "critical"): "pager", ("VLLMKVCachePressure", "warning"): "ticket",
-             ("VLLMDriftIdleCapacity", "warning"): "llm-platform-tickets", ("Anything", "info"): "blackhole"}
+             ("VLLMDriftIdleCapacity", "warning"): "llm-platform-tickets", ("Anything", "info"): "blackhole",
+             ("VLLMDriftKVPressure", "warning"): "ticket", ("VLLMDriftKVPressure", "critical"): "pager"}
     for (alert, severity), receiver in cases.items():
         assert alert in names or alert == "Anything"
         r = subprocess.run([AMTOOL, "config", "routes", "test", f"--config.file={AM_EXAMPLE}",

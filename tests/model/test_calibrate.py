@@ -221,7 +221,8 @@ def test_step_time_scale_is_hidden_and_dumps_pair(cli_env, tmp_path):
     # the exposition carries no trace of the scale: same families, same labels
     names = lambda t: sorted({ln.split("{")[0].split(" ")[0] for ln in t.splitlines() if ln and ln[0] != "#"})
     assert names(plain) == names(slow)
-    assert 1.3 < tpot_mean(slow) / tpot_mean(plain) < 1.7
+    # (above 1.5 by the batching feedback: slower steps hold more requests in each batch)
+    assert 1.3 < tpot_mean(slow) / tpot_mean(plain) < 1.8
     # one seed, two lengths: one run (same start time), time stamps 30 s apart, counters growing
     t1 = float(slow.splitlines()[0].rsplit(" ", 1)[1])
     t2 = float(slow_later.splitlines()[0].rsplit(" ", 1)[1])
