@@ -108,8 +108,8 @@ class DriftEngine:
         A window with rates runs every rule; a window without them yet (a new target, a counter
         reset, one snapshot given to `scan`) still runs the rules whose findings one snapshot
         proves (`INSTANT`: KV pool full with a queue, the GPU hint against the pool, a risky
-        memory setting); every other finding says how much more data it needs
-        (`finding_status`)."""
+        memory setting, max_model_len against the server's lifetime request shapes); every other
+        finding says how much more data it needs (`finding_status`)."""
         tracker = self.tracker(x.target, x.model_name, now)
         rules = OBSERVATION_RULES if x.observation_only else RULES
         names = _names(rules)
