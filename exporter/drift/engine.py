@@ -179,7 +179,10 @@ class DriftEngine:
     def _scores(self, x: DriftInput, raw: list[Finding], findings: list[Finding], status: str,
                 notes: tuple[str, ...], tracker: Tracker, statuses: dict[str, dict[str, str]]) -> Judgement:
         pred = x.prediction
-        findings = [replace(f, confidence=_confidence(x, f)) for f in findings]
+        # a scan's window spans whatever pair it was given: confidence is measured against the
+        # window the daemon judges on
+        ref = min(x.window_s, self.cfg.evaluation.window) if x.window_s > 0 else self.cfg.evaluation.window
+        findings = [replace(f, confidence=_confidence(x, f, ref)) for f in findings]
         active = {f.finding: f for f in findings if f.severity in ("warning", "critical")}
         allf = {f.finding: f for f in findings}
         mis: dict[str, float] = {}
@@ -287,8 +290,8 @@ def _needs_more(x: DriftInput, why: str) -> str:
 CONFIG_PROVEN = {"hint_mismatch": 0.8}
 
 
-def _confidence(x: DriftInput, f: Finding) -> float:
-    fill = clamp(x.covered_s / x.window_s) if x.window_s > 0 else 0.0
+def _confidence(x: DriftInput, f: Finding, window_s: float) -> float:
+    fill = clamp(x.covered_s / window_s) if window_s > 0 else 0.0
     if f.finding in CONFIG_PROVEN:
         return CONFIG_PROVEN[f.finding]
     if f.finding == "gpu_memory_utilization" and f.binding == "oom_risk":

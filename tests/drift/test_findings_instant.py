@@ -4,6 +4,8 @@ need; nothing loud on a healthy server meanwhile. Simulated servers in sim time,
 daemon's default intervals (15 s scrapes, 30 s evaluations, 10 min window)."""
 from __future__ import annotations
 
+import pytest
+
 from sim_feed import SimServer, Scraper, loud
 
 SCRAPE, EVAL = 15.0, 30.0
@@ -84,3 +86,17 @@ def test_max_model_len_against_the_servers_lifetime_before_the_window_fills():
     [f] = [f for f in reports[-1][1].findings if f.finding == "max_model_len"]
     assert f.binding == "observed_length_p99" and f.recommended < f.configured
     assert reports[-1][1].derived["context_length_share"] == 0.0
+
+
+def test_a_scan_pair_is_as_confident_as_the_share_of_a_daemon_window_it_covers():
+    """`scan A --after B` runs on a window as long as the pair; its confidence is measured against
+    the window the daemon judges on (10 minutes), so a 2-minute pair is 0.2 for rate findings."""
+    server = SimServer("kv-pressure", seed=3)
+    scraper = Scraper(server, one_shot=True, window_s=3600)
+    for t in (120.0, 240.0):
+        scraper.observe(server.scrape(t, scraper.spec.url))
+    r = scraper.evaluate(240.0)
+    assert r.status == "ok"
+    conf = {f.finding: f.confidence for f in r.findings}
+    assert conf["max_num_seqs"] == pytest.approx(0.2)
+    assert conf["max_num_seqs"] < conf["kv_pressure"] < 1      # gauge-proven: higher from two scrapes
