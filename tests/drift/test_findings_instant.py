@@ -92,7 +92,8 @@ def test_a_scan_pair_is_as_confident_as_the_share_of_a_daemon_window_it_covers()
     """`scan A --after B` runs on a window as long as the pair; its confidence is measured against
     the window the daemon judges on (10 minutes), so a 2-minute pair is 0.2 for rate findings."""
     server = SimServer("kv-pressure", seed=3)
-    scraper = Scraper(server, one_shot=True, window_s=3600)
+    scraper = Scraper(server, one_shot=True)                    # the config's window: 10 minutes
+    scraper.pipe = scraper.fleet.pipeline(scraper.spec, server.model_name, window_s=3600)   # as scan does
     for t in (120.0, 240.0):
         scraper.observe(server.scrape(t, scraper.spec.url))
     r = scraper.evaluate(240.0)
