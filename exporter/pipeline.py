@@ -30,6 +30,7 @@ from exporter.drift.engine import DriftEngine, Judgement
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.drift.observe import build_input
 from exporter.drift.predict import Identity, identify, predict_for, setup_for, slo_of
+from exporter.model.resolve import HubSettings
 from exporter.parse.snapshot import Snapshot
 from exporter.report import ModelReport
 from exporter.parse.metadata import Metadata
@@ -48,6 +49,7 @@ class Pipelines:
         self.restored_windows: dict[tuple[str, str], dict[str, Any]] = {}
         self.on_state_error: Callable[[str, str], None] | None = None   # (operation, message)
         self.calibration = FleetCalibration(cfg.calibration_rows)
+        self.hub = HubSettings.from_config(cfg.huggingface)   # where served models' configs are found
 
     def reconfigure(self, cfg: Config) -> None:
         """A reloaded config: the stable findings carry over."""
@@ -55,6 +57,7 @@ class Pipelines:
         self.engine = DriftEngine(cfg, one_shot=self.engine.one_shot, raise_after=self.engine.raise_after,
                                   clear_after=self.engine.clear_after, previous=self.engine)
         self.calibration.set_rows(cfg.calibration_rows)
+        self.hub = HubSettings.from_config(cfg.huggingface)
 
     def pipeline(self, spec: TargetSpec, model_name: str, *, window_s: float | None = None) -> "TargetPipeline":
         """A new pipeline for (target, model), continuing its saved window when there is one."""
@@ -118,8 +121,10 @@ class TargetPipeline:
         """The hints (config, file_sd labels, /v1/models root) resolved once per change of them."""
         root = metadata.root.get(self.model_name) if metadata and metadata.root else None
         key = (self.spec, root)
-        if self.identity_value is None or key != self.identity_key:
-            self.identity_value = identify(self.spec, self.model_name, root)
+        if self.identity_value is None or key != self.identity_key or self.identity_value.resolved.pending:
+            # a one-shot scan waits for a Hub lookup; the daemon asks again at its next evaluation
+            self.identity_value = identify(self.spec, self.model_name, root, hub=self.fleet.hub,
+                                           wait=self.fleet.engine.one_shot)
             self.identity_key = key
         return self.identity_value
 

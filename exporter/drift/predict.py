@@ -5,7 +5,9 @@ tier meeting the same SLOs.
 Why separate from the rules: this is the only place the drift engine calls `exporter.model`, and
 the only place that can fail on an unknown model or GPU; it turns those failures into
 `missing_hints` and notes (the rules then say which hint to give) instead of exceptions.
-Everything here is pure (no I/O except the packaged catalogs), so it is cached per setup.
+Everything here is pure (no I/O except the packaged catalogs, and a model's config.json read by
+exporter/model/resolve.py: local files at once, the Hub in a worker thread), so it is cached per
+setup.
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from typing import Any, Mapping
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.config import TargetSpec
 from exporter.errors import InputError
-from exporter.model import optimizer, perf, resolve_gpu, resolve_model
+from exporter.model import optimizer, perf, resolve_gpu
 from exporter.model.optimizer import Tier
 from exporter.model.architectures import ModelArch
 from exporter.model.gpus import GPU, find_gpu, generic_gpu, gpu_names, non_gpu_kind, tier_names
 from exporter.model.kv_cache import kv_capacity
+from exporter.model.resolve import HubSettings, resolve_model, resolve_model_nowait
 from exporter.model.setup import Setup
 from exporter.model.spec_decode import ASSUMED_SPEC, SpecConfig, gain
 from exporter.model.traffic import SLO, Traffic
@@ -37,27 +40,41 @@ class Resolved:
     model_id: str | None
     missing: tuple[str, ...]
     notes: tuple[str, ...]
+    pending: bool = False      # the model's config is still being looked up: ask again later
 
 
-def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved:
-    """First model name that the catalog (or a local config.json) knows, and the GPU hint."""
+def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
+                  served_name: str | None = None, root: str | None = None, hub: Any = None,
+                  wait: bool = False) -> Resolved:
+    """The model through exporter/model/resolve.py (hints, then the /v1/models root and served
+    name, the HF cache, the Hub, the catalog), and the GPU hint. A Hub lookup runs in the
+    background (unless `wait`, for one-shot callers): until it answers the model is missing with a
+    note saying so and `pending` set."""
 
     notes: list[str] = []
     missing: list[str] = []
     arch = model_id = None
-    tried = [c for c in dict.fromkeys(model_candidates) if c]
-    for cand in tried:
-        try:
-            arch = resolve_model(cand)
-            model_id = cand
-            break
-        except InputError:
-            continue
-    if arch is None:
+    hints = [c for c in dict.fromkeys(model_candidates) if c and c not in (served_name, root)]
+    tried = [*hints, *(n for n in (root, served_name) if n)]
+    pending = False
+    try:
+        # without settings from the config (scan, tests): no network, the local sources only
+        lookup = resolve_model if wait else resolve_model_nowait
+        found = lookup(hints, served_name, root, settings=hub or HubSettings(offline=True))
+    except InputError as exc:
+        found = None
         missing.append("model")
-        notes.append(f"model unknown to the catalog ({', '.join(tried) or 'no name'}): set "
-                     f"targets[].model in the config or a `model` label in file_sd (scan: --model) to a "
-                     f"catalog id or a local config.json")
+        notes.append(f"model unknown ({', '.join(tried) or 'no name'}): {exc}; mount the model volume or "
+                     f"HF cache into the sidecar, allow Hub access, or set targets[].model / a `model` "
+                     f"label in file_sd (scan: --model) to a catalog id or a local config.json")
+    else:
+        if found is None:
+            pending = True
+            missing.append("model")
+            notes.append(f"model config of {', '.join(tried)} is being looked up on the Hub (or set "
+                         f"targets[].model / a `model` label to a catalog id or a local config.json)")
+        else:
+            arch, model_id = found.arch, found.name
     gpu = None
     if gpu_hint and non_gpu_kind(gpu_hint):
         notes.append(f"device {gpu_hint!r} is a {non_gpu_kind(gpu_hint)} device: observation findings only "
@@ -73,7 +90,9 @@ def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved
         missing.append("gpu")
         notes.append("GPU unknown (vLLM does not export it): set targets[].gpu in the config or a "
                      "`gpu` label in file_sd (scan: --gpu) for capacity, latency and tier predictions")
-    return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes))
+    if found is not None:  # after the missing-hint notes, which come first
+        notes.append(f"model config: {found.describe()}")
+    return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes), pending=pending)
 
 
 @dataclass(frozen=True)
@@ -97,8 +116,11 @@ class Identity:
         return self.resolved.gpu.name if self.resolved.gpu is not None else None
 
 
-def identify(spec: TargetSpec, model_name: str, root: str | None = None) -> Identity:
-    """The target spec's hints (its fields, else its labels) resolved for one served model."""
+def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
+             hub: HubSettings | None = None, wait: bool = False) -> Identity:
+    """The target spec's hints (its fields, else its labels) resolved for one served model: the
+    model through exporter/model/resolve.py (hints, /v1/models root, served name, HF cache, Hub
+    when `hub` allows it, catalog). `identity.resolved.pending` while a Hub lookup runs."""
     labels = spec.labels or {}
 
     def hint(name: str) -> Any:
@@ -110,8 +132,9 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None) -> Iden
             return int(v) if v else None
         except (TypeError, ValueError):
             return None
-    candidates = [spec.model, labels.get("model"), model_name, root]
-    return Identity(spec.url, model_name, resolve_hints([c for c in candidates if c], hint("gpu")),
+    res = resolve_hints([spec.model, labels.get("model")], hint("gpu"), served_name=model_name, root=root,
+                        hub=hub, wait=wait)
+    return Identity(spec.url, model_name, res,
                     tp=hint_int("tp") or 1, pp=hint_int("pp") or 1, quantization=hint("quantization"),
                     max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
                     device_hint=hint("gpu") or None)

@@ -59,11 +59,12 @@ def test_a_new_replica_starts_from_what_its_pool_learned():
     fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
     for i in range(3):
         _feed(fleet, _server(10 + i), URL.format(10 + i), 0.0, 240.0)
-    # a fourth replica, two scrapes old: too few requests of its own to be a measurement
-    _, rep, _ = _feed(fleet, _server(20), URL.format(20), 0.0, 4.0, scrape_s=2.0)
+    # a fourth replica, five scrapes old: too few requests of its own to be a measurement
+    _, rep, _ = _feed(fleet, _server(20), URL.format(20), 0.0, 10.0, scrape_s=2.0)
     assert rep.prediction_basis == "calibrated"
+    assert rep.calibration["updates"] == 3          # taught by its peers, not by its own data
     alone = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
-    _, rep_alone, _ = _feed(alone, _server(20), URL.format(20), 0.0, 4.0, scrape_s=2.0)
+    _, rep_alone, _ = _feed(alone, _server(20), URL.format(20), 0.0, 10.0, scrape_s=2.0)
     assert rep_alone.prediction_basis == "prior"
     assert rep.predicted_tpot_seconds > 1.3 * rep_alone.predicted_tpot_seconds
 
