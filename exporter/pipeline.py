@@ -162,7 +162,7 @@ class TargetPipeline:
             prediction_basis=pred.basis, calibration=_calibration_json(pred),
             observed_kv_cache_tokens_ratio=j.observed_kv_cache_tokens_ratio,
             notes=j.notes, evaluated_at=now, events=j.events, derived=j.derived, finding_status=j.statuses,
-            **slo_of(x))
+            **slo_of(x, pred))
 
     def predict(self, ident: Identity, x: DriftInput, summary: Observed, version: str | None,
                 now: float) -> Prediction:
@@ -198,7 +198,8 @@ class TargetPipeline:
         return replace(pred, tpot_s=cal.tpot_s, ttft_s=cal.ttft_s, prior_tpot_s=cal.prior_tpot_s,
                        prior_ttft_s=cal.prior_ttft_s, basis=basis, calibration_factors=dict(cal.factors),
                        fit_error=cal.fit_error, calibration_updates=cal.updates,
-                       calibration_rejected=cal.rejected, calibration_pool=cal.pool, notes=notes)
+                       calibration_rejected=cal.rejected, calibration_pool=cal.pool, notes=notes,
+                       expected_itl_p99_s=cal.itl_p99_s, expected_ttft_p99_s=cal.ttft_p99_s)
 
 
 def _calibration_json(pred: Prediction) -> dict[str, Any] | None:

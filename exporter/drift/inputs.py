@@ -46,6 +46,8 @@ class Prediction:
     calibration_updates: int = 0                # measurements the target's pool has folded in
     calibration_rejected: int = 0               # ... and refused for breaking physics
     calibration_pool: str | None = None
+    expected_itl_p99_s: float | None = None      # p99 inter-token gap this server should show here
+    expected_ttft_p99_s: float | None = None     # p99 TTFT this server should show here
     # the GPU hint contradicts what the server shows: (GPUs the pool fits, best first; observed /
     # predicted pool)
     hint_mismatch: tuple[tuple[str, ...], float] | None = None

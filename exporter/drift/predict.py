@@ -341,13 +341,29 @@ def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv
 DEFAULT_SLO = {"ttft": 2.0, "tpot": 0.150}
 
 
-def slo_of(x: DriftInput) -> dict[str, dict[str, Any]]:
-    """The p99 SLOs a target is judged against (configured, else the defaults above), as the
-    report's `slo_seconds` / `slo_source` (exported as `vllm_drift_slo_seconds`)."""
+# Without a configured SLO, the latency a target is held to (and that the latency alerts compare
+# its p99 with) is what its hardware should deliver at its observed load, with this margin, and
+# never tighter than the defaults above: an 8B model on an L4 is not paged for missing an H100's
+# inter-token latency.
+EXPECTED_MARGIN = 1.5
+
+
+def slo_of(x: DriftInput, pred: Prediction | None = None) -> dict[str, dict[str, Any]]:
+    """The p99 latency objectives a target is held to, as the report's `slo_seconds` /
+    `slo_source` (exported as `vllm_drift_slo_seconds{metric,quantile,source}`): the configured
+    SLO; else the model's expected p99 at the observed load x `EXPECTED_MARGIN` when it has one
+    (source "expected"; "tpot" then covers the inter-token gaps the alerts read), else the default."""
     seconds, source = {}, {}
+    expected = {"ttft": pred.expected_ttft_p99_s if pred else None,
+                "tpot": pred.expected_itl_p99_s if pred else None}
     for metric, given in (("ttft", x.slo_ttft_s), ("tpot", x.slo_tpot_s)):
-        seconds[metric] = float(given) if given else DEFAULT_SLO[metric]
-        source[metric] = "configured" if given else "default"
+        if given:
+            seconds[metric], source[metric] = float(given), "configured"
+        elif expected[metric] and math.isfinite(expected[metric]):
+            seconds[metric] = max(DEFAULT_SLO[metric], EXPECTED_MARGIN * float(expected[metric]))
+            source[metric] = "expected"
+        else:
+            seconds[metric], source[metric] = DEFAULT_SLO[metric], "default"
     return {"slo_seconds": seconds, "slo_source": source}
 
 

@@ -163,7 +163,8 @@ class FleetCollector(Collector):
         # typed summary: its samples are quantile objectives (the agreed `quantile` label), which
         # the exposition linters (promtool check metrics) accept on summaries only
         slo = Metric("vllm_drift_slo_seconds", "The latency SLO (p99 objective) a target is judged against "
-                     "(configured, else the default).", "summary")
+                     "(source: configured; else expected, the model's p99 at the observed load x 1.5; else default).",
+                     "summary")
         ratio = _g("vllm_drift_observed_to_predicted_kv_cache_ratio",
                    "Observed KV-cache capacity divided by the predicted one.", tm)
         status = _g("vllm_drift_evaluation_status",
@@ -199,7 +200,9 @@ class FleetCollector(Collector):
                     fstatus.add_metric(key + [name, st.get("status", "ok")], 1.0)
                 for metric, seconds in r.slo_seconds.items():
                     slo.add_sample("vllm_drift_slo_seconds", {"target": r.target, "model_name": r.model_name,
-                                                              "metric": metric, "quantile": "0.99"}, seconds)
+                                                              "metric": metric, "quantile": "0.99",
+                                                              "source": r.slo_source.get(metric, "default")},
+                                   seconds)
                 if r.predicted_kv_cache_tokens is not None:
                     pkv.add_metric(key, r.predicted_kv_cache_tokens)
                 if r.predicted_tpot_seconds is not None:
