@@ -125,7 +125,7 @@ def test_max_tokens_bound_stops_on_length_below_the_context():
     assert h.count == sum(m.finished.values()) and h.sum == 512 * h.count
     # every generation ends at or before its own max_tokens, well inside the 2,048 context
     assert m.hist["generation_tokens"].sum <= 512 * m.hist["generation_tokens"].count
-    assert max(r["kv_cache_usage_perc"] for r in rows) < 0.85
+    assert max(r["kv_cache_usage_perc"] for r in rows) < 0.95      # busy, never full
 
 
 def test_cpu_bound_healthy_steps_back_to_back_with_an_empty_looking_pool():
