@@ -31,7 +31,7 @@ def test_demo_finds_each_injected_problem_in_the_stated_time_and_stops_on_time()
     out = r.stdout
     ran = float(re.search(r"stopped after ([\d.]+) s", out).group(1))
     assert abs(ran - duration) <= 1.0, ran                    # honoured to the second
-    assert wall < duration + 8, wall                          # + interpreter start and imports
+    assert wall < duration + 30, wall                         # + interpreter start and imports (loaded machine)
     urls = re.findall(r"http://127\.0\.0\.1:\d+", out.split("vllm-drift demo —")[0])
     assert len(set(urls)) == len(scenarios) + 1               # every server and the daemon
     last = out.split("vllm-drift demo —")[-1]
