@@ -16,11 +16,11 @@ import asyncio
 import dataclasses
 import datetime
 import gc
-import json
 import os
 import signal
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +32,12 @@ from exporter.config import Config, TargetSpec, build_config
 from exporter.drift.state import StateStore
 from exporter.discovery import Discovery, build_discovery
 from exporter.errors import InputError, ParseError, ScrapeError
-from exporter.export.collector import Exposition, FleetView, TargetView
+from exporter.export.cache import CachedExposition, CapsCollector
+from exporter.export.collector import FleetView, TargetView
+from exporter.export.findings import Entry, FindingsIndex, ReportCache, TargetsIndex
 from exporter.export.server import HTTPServer, Published
 from exporter.parse import parse_vllm
+from exporter.parse.canonical import READER
 from exporter.parse.metadata import Metadata
 from exporter.parse.snapshot import Snapshot
 from exporter.pipeline import Pipelines, TargetPipeline
@@ -74,6 +77,7 @@ class TargetState:
     start_time: float | None = None
     served: tuple[tuple[str, str], ...] | None = None   # (model_name, engine_era) of the last scrape
     gpus: TargetGpus | None = None    # when DCGM is configured
+    evaluated: dict[str, tuple[Snapshot, float]] = field(default_factory=dict)  # model -> (snapshot, when) last evaluated
 
     def fail(self, reason: str, message: str, now: float) -> None:
         self.up = False
@@ -101,8 +105,10 @@ class Daemon:
         self.pipelines = Pipelines(cfg)
         self.pipelines.on_state_error = self._state_error
         self.targets: dict[str, TargetState] = {}
-        self.exposition = Exposition()
-        self.published = Published(self.exposition.render)
+        self.exposition = CachedExposition()
+        self.exposition.registry.register(CapsCollector(self._caps))
+        self.published = Published(self.exposition.render, self.exposition.render_gzip)
+        self.report_json = ReportCache()
         self.published.reload = self._reload_from_http
         self.dcgm = self.gpu_collector = None
         self._setup_dcgm(cfg)
@@ -111,6 +117,7 @@ class Daemon:
         self.evaluation_duration: float | None = None
         self.cycle_duration: float | None = None
         self.cycles = 0.0
+        self.evaluations = 0
         self.skipped_cycles = 0.0
         self.ready = False
         self.scheduler: AsyncIOScheduler | None = None
@@ -203,7 +210,12 @@ class Daemon:
             if gpus is not None:
                 self.targets[url].gpus = gpus.get(url)
         states = list(self.targets.values())
-        results = await asyncio.gather(*(self.scrape_one(st) for st in states), return_exceptions=True)
+        spread = self._scrape_spread(len(states))
+        if spread > 0:
+            results = await asyncio.gather(*(self._scrape_at(st, spread * _phase(st.spec.url)) for st in states),
+                                           return_exceptions=True)
+        else:
+            results = await asyncio.gather(*(self.scrape_one(st) for st in states), return_exceptions=True)
         for st, res in zip(states, results):   # a bug hit by one target must not void the cycle
             if isinstance(res, Exception):
                 log.error("scrape of a target raised", target=st.spec.url, error=f"{type(res).__name__}: {res}"[:300])
@@ -211,6 +223,25 @@ class Daemon:
         self.cycles += 1
         self.publish()
         self._gc_maintenance()
+
+    # Fleets larger than this many scrape slots have their target scrapes staggered.
+    STAGGER_ABOVE = 4
+
+    def _scrape_spread(self, n: int) -> float:
+        """Seconds over which one cycle's target scrapes are staggered: 0 for a fleet that fits
+        in a few rounds of the concurrency limit; else half the interval. Each target keeps its
+        phase (a hash of its URL) from cycle to cycle, so its scrapes stay `interval` apart, the
+        first cycle after start-up reaches every target within the first interval, and the
+        fetch, parse and GIL load is spread instead of arriving as one herd."""
+        sc = self.cfg.scrape
+        if self.reader is not None or n <= sc.concurrency * self.STAGGER_ABOVE:
+            return 0.0
+        return sc.interval / 2
+
+    async def _scrape_at(self, st: TargetState, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self.targets.get(st.spec.url) is st:      # still wanted (a reload may have dropped it)
+            await self.scrape_one(st)
 
     async def scrape_one(self, st: TargetState) -> None:
         if self.reader is not None:
@@ -305,18 +336,60 @@ class Daemon:
         return changed
 
     # ----------------------------------------------------------------- evaluate
-    def evaluate(self) -> None:
-        start = time.perf_counter()
-        now = time.time()
+    # A target whose window has not changed since its last evaluation is evaluated again only
+    # after this share of the window (so a down target's findings still age out).
+    REEVALUATE_UNCHANGED = 0.25
+    EVALUATION_CHUNK = 64     # targets evaluated between two yields to the event loop
+
+    def _due(self, now: float) -> list[tuple[TargetState, str, TargetPipeline]]:
+        """(target, model, pipeline) whose window changed since its last evaluation, or whose
+        last evaluation is older than REEVALUATE_UNCHANGED x window."""
+        stale = self.cfg.evaluation.window * self.REEVALUATE_UNCHANGED
+        due = []
         for st in self.targets.values():
             for model, pipe in st.pipelines.items():
                 if pipe.latest is None:
                     continue
-                try:
-                    pipe.spec = st.spec
-                    st.reports[model] = pipe.evaluate(st.metadata, now)
-                except Exception:  # one target's bad data must not stop the others
-                    log.exception("evaluation failed", target=st.spec.url, model_name=model)
+                last = st.evaluated.get(model)
+                if last is None or last[0] is not pipe.latest or now - last[1] >= stale or model not in st.reports:
+                    due.append((st, model, pipe))
+        return due
+
+    def _evaluate_one(self, st: TargetState, model: str, pipe: TargetPipeline, now: float) -> None:
+        try:
+            pipe.spec = st.spec
+            st.reports[model] = pipe.evaluate(st.metadata, now)
+            st.evaluated[model] = (pipe.latest, now)
+        except Exception:  # one target's bad data must not stop the others
+            log.exception("evaluation failed", target=st.spec.url, model_name=model)
+
+    def evaluate(self) -> None:
+        """Evaluate every due target at once (the spread form is `evaluate_spread`)."""
+        start = time.perf_counter()
+        now = time.time()
+        for st, model, pipe in self._due(now):
+            self._evaluate_one(st, model, pipe, now)
+        self._evaluated(start)
+
+    async def evaluate_spread(self, spread: float) -> None:
+        """Evaluate the due targets in chunks spread over up to `spread` seconds, yielding to
+        the event loop between chunks: scrapes go on meanwhile, and the HTTP thread never waits
+        behind a whole fleet's evaluation."""
+        start = time.perf_counter()
+        due = self._due(time.time())
+        chunks = max(1, -(-len(due) // self.EVALUATION_CHUNK))
+        pause = spread / chunks if chunks > 1 else 0.0
+        for i in range(0, len(due), self.EVALUATION_CHUNK):
+            t0 = time.perf_counter()
+            now = time.time()
+            for st, model, pipe in due[i:i + self.EVALUATION_CHUNK]:
+                if self.targets.get(st.spec.url) is st and st.pipelines.get(model) is pipe:
+                    self._evaluate_one(st, model, pipe, now)
+            await asyncio.sleep(max(0.0, pause - (time.perf_counter() - t0)))
+        self._evaluated(start)
+
+    def _evaluated(self, start: float) -> None:
+        self.evaluations += 1
         self.last_evaluation = time.time()
         self.evaluation_duration = time.perf_counter() - start
         self.ready = True
@@ -325,36 +398,50 @@ class Daemon:
 
     # ----------------------------------------------------------------- publish
     def publish(self) -> None:
-        views, findings, targets = [], [], []
+        """Swap in what the endpoints serve. Cheap per target: `/metrics` re-renders only the
+        report families of targets evaluated since the last publish (exporter/export/cache.py),
+        and the JSON documents are built when requested (exporter/export/findings.py)."""
+        views, entries, rows, current = [], [], [], []
         for url, st in sorted(self.targets.items()):
             version = st.metadata.vllm_version if st.metadata else None
             models = {m: p.latest.engine_era for m, p in st.pipelines.items() if p.latest is not None}
             reports = tuple(st.reports[m] for m in sorted(st.reports) if m in models)
+            errors = dict(st.errors)
             views.append(TargetView(url, st.spec.source, st.up, st.duration_s, st.last_success,
-                                    dict(st.errors), version, models, reports))
+                                    errors, version, models, reports))
             if reports:
-                findings.extend(r.to_json() for r in reports)
+                entries.extend(Entry(url, r, None) for r in reports)
+                current.extend(reports)
             else:
-                findings.append({"target": url, "vllm_version": version, "model_name": None,
-                                 "status": "down" if st.up is False else "pending",
-                                 "error": st.last_error, "observed": {}, "findings": []})
-            targets.append({"target": url, "source": st.spec.source, "up": st.up,
-                            "scrape_duration_seconds": st.duration_s, "last_success": st.last_success,
-                            "last_error": st.last_error, "last_error_reason": st.last_reason,
-                            "errors": st.errors, "vllm_version": version, "models": models,
-                            "hints": st.spec.model_dump(exclude={"url", "source"}, exclude_none=True),
-                            "gpus": None if st.gpus is None else dataclasses.asdict(st.gpus)})
+                entries.append(Entry(url, None, {
+                    "target": url, "vllm_version": version, "model_name": None,
+                    "status": "down" if st.up is False else "pending",
+                    "error": st.last_error, "observed": {}, "findings": []}))
+            rows.append((url, st.spec, st.up, st.duration_s, st.last_success, st.last_error, st.last_reason,
+                         errors, version, models, st.gpus))
         view = FleetView(tuple(views), self.last_evaluation, self.evaluation_duration, self.reload_failures,
                          self.reloads, self.config_loaded_at, dict(self.discovery_errors), self.cycle_duration,
                          self.cycles, self._state_errors(), self.ready)
         if self.gpu_collector is not None:
             self.gpu_collector.view = {url: st.gpus for url, st in self.targets.items() if st.gpus is not None}
         self.exposition.publish(view)
-        # One json.dumps per target, not one for the fleet: the C encoder holds the GIL for a whole
-        # call, and at 1,000 targets one call held /metrics answers back by ~100 ms.
-        self.published.findings = _json_list({"generated_at": time.time()}, "targets", findings)
-        self.published.targets = _json_list({}, "targets", targets)
+        self.report_json.retain(current)
+        self.published.findings_index = FindingsIndex(time.time(), entries, self.report_json)
+        self.published.targets_index = TargetsIndex(rows, _target_json)
         self.published.ready = self.ready
+
+    def _caps(self) -> dict[str, tuple[float, float | None]]:
+        """The memory caps (docs/scaling.md "Memory caps") and how full each is."""
+        sc = self.cfg.scrape
+        parser = READER.cache_sizes()
+        return {
+            "scrape_body_bytes": (sc.max_body_bytes, None),
+            "scrape_bodies_in_flight": (sc.concurrency, None),
+            "models_per_target": (MAX_MODELS_PER_TARGET, None),
+            "parser_sample_heads": (READER.max_heads, parser["heads"]),
+            "parser_label_sets": (READER.max_labelsets, parser["labelsets"]),
+            "render_sample_heads": self.exposition.head_cache(),
+        }
 
     # ----------------------------------------------------------------- reload
     def reload(self) -> str:
@@ -372,6 +459,8 @@ class Daemon:
         self.discovery.close()
         self.discovery = self._make_discovery(new)
         self.pipelines.reconfigure(new)
+        for st in self.targets.values():
+            st.evaluated.clear()
         self._setup_dcgm(new)
         if new.state_dir != old.state_dir:
             self.state_store = StateStore(new.state_dir) if new.state_dir else None
@@ -455,7 +544,8 @@ class Daemon:
             await self.shutdown()
 
     async def _evaluate_job(self) -> None:
-        self.evaluate()
+        # spread over half the interval: the next pass never waits for this one
+        await self.evaluate_spread(self.cfg.evaluation.interval / 2)
         self._gc_maintenance()
 
     def _gc_maintenance(self, full_every: float = 600.0) -> None:
@@ -545,9 +635,16 @@ class Daemon:
         return dict(self.state_store.errors) if self.state_store is not None else {}
 
 
-def _json_list(head: dict[str, Any], key: str, items: list[dict[str, Any]]) -> bytes:
-    """`json.dumps({**head, key: items})`, encoded item by item (see `Daemon.publish`)."""
-    parts = [json.dumps(head)[:-1] + (", " if head else "") + json.dumps(key) + ": ["]
-    parts.append(", ".join(json.dumps(item) for item in items))
-    parts.append("]}")
-    return "".join(parts).encode()
+def _phase(url: str) -> float:
+    """A target's stable place in [0, 1) within a staggered scrape cycle."""
+    return (zlib.crc32(url.encode()) % 10007) / 10007
+
+
+def _target_json(row: tuple) -> dict[str, Any]:
+    """One `/api/v1/targets` object from the tuple `Daemon.publish` recorded."""
+    url, spec, up, duration, last_success, last_error, last_reason, errors, version, models, gpus = row
+    return {"target": url, "source": spec.source, "up": up, "scrape_duration_seconds": duration,
+            "last_success": last_success, "last_error": last_error, "last_error_reason": last_reason,
+            "errors": errors, "vllm_version": version, "models": models,
+            "hints": spec.model_dump(exclude={"url", "source"}, exclude_none=True),
+            "gpus": None if gpus is None else dataclasses.asdict(gpus)}
