@@ -544,8 +544,9 @@ class Daemon:
             await self.shutdown()
 
     async def _evaluate_job(self) -> None:
-        # spread over half the interval: the next pass never waits for this one
-        await self.evaluate_spread(self.cfg.evaluation.interval / 2)
+        # spread over half the interval (the next pass never waits for this one); the first
+        # pass as fast as it goes (readiness waits for it), still yielding between chunks
+        await self.evaluate_spread(self.cfg.evaluation.interval / 2 if self.ready else 0.0)
         self._gc_maintenance()
 
     def _gc_maintenance(self, full_every: float = 600.0) -> None:
