@@ -531,6 +531,7 @@ class Daemon:
         sched.add_job(self._evaluate_job, "interval", seconds=ev.interval, id="evaluate", max_instances=1,
                       coalesce=True, misfire_grace_time=None)
         sched.add_job(self.watch_config, "interval", seconds=2, id="config", max_instances=1, coalesce=True)
+        sched.add_job(self._gc_tick, "interval", seconds=1, id="gc", max_instances=1, coalesce=True)
         sched.start()
         try:
             if duration is None:
@@ -549,21 +550,32 @@ class Daemon:
         await self.evaluate_spread(self.cfg.evaluation.interval / 2 if self.ready else 0.0)
         self._gc_maintenance()
 
-    def _gc_maintenance(self, full_every: float = 600.0) -> None:
+    GC_FULL_EVERY = 3600.0     # seconds between full collections of the frozen long-lived state
+
+    def _gc_maintenance(self, full_every: float | None = None) -> None:
         """Keep the long-lived state out of the cyclic collector's scans.
 
-        At 1,000 targets the heap holds ~200k tracked objects (windows, reports, views), and
-        CPython's automatic full collections scanned them all every few seconds: 250 ms pauses
-        holding the GIL, which stalled /metrics answers. That state is freed by reference
-        counting when windows slide, so after each evaluation it is frozen (`gc.freeze`, O(1)),
-        and automatic collections only scan what is newer. Every `full_every` seconds everything
-        is unfrozen and collected once, so reference cycles among it are still reclaimed."""
+        At 3,000 targets the heap holds ~1M tracked objects (windows, reports, views), and
+        CPython's automatic full collections scanned them all: pauses of up to 370 ms holding
+        the GIL, which stalled /metrics answers. That state is freed by reference counting when
+        windows slide, so every second (`_gc_tick`) and after each cycle the young generations
+        are collected (cycles die young: exceptions, futures) and the survivors frozen
+        (`gc.freeze`, O(1)); automatic collections then only scan what is newer than a second.
+        Every `GC_FULL_EVERY` seconds everything is unfrozen and collected once, so reference
+        cycles among old objects are still reclaimed: one pause of ~80 ms per 1,000 targets
+        (docs/scaling.md)."""
+        full_every = self.GC_FULL_EVERY if full_every is None else full_every
         now = time.monotonic()
         if now - self._gc_full_at >= full_every:
             gc.unfreeze()
             gc.collect()
             self._gc_full_at = now
+        else:
+            gc.collect(1)
         gc.freeze()
+
+    async def _gc_tick(self) -> None:
+        self._gc_maintenance()
 
     def _request_reload(self) -> None:
         log.info("SIGHUP: reloading config")
