@@ -385,6 +385,8 @@ class Daemon:
             for st, model, pipe in due[i:i + self.EVALUATION_CHUNK]:
                 if self.targets.get(st.spec.url) is st and st.pipelines.get(model) is pipe:
                     self._evaluate_one(st, model, pipe, now)
+            gc.collect(1)       # a chunk's reports are long-lived: out of the automatic full scans
+            gc.freeze()
             await asyncio.sleep(max(0.0, pause - (time.perf_counter() - t0)))
         self._evaluated(start)
 
