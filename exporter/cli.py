@@ -9,10 +9,10 @@ import argparse
 import importlib
 import sys
 
-from exporter import __version__
+from exporter import __version__, buildinfo
 from exporter.errors import InputError
 
-COMMANDS = ("serve", "scan", "calc", "simulate", "demo")
+COMMANDS = ("serve", "scan", "calc", "catalog", "simulate", "demo", "sweep")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,18 +20,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class _Version(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:   # revision read only here
+        print(f"vllm-drift {__version__} (revision {buildinfo.revision()}, Python {buildinfo.python_version()})")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vllm-drift", description="Prometheus exporter and drift detector for fleets of vLLM servers.")
-    parser.add_argument("--version", action="version", version=f"vllm-drift {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    parser.add_argument("--version", action=_Version, nargs=0, help="print version, revision and Python version, then exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
+                                title="commands (vllm-drift COMMAND --help for each)")
     for name in COMMANDS:
         importlib.import_module(f"exporter.commands.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:   # `vllm-drift` alone: the command list
+        parser.print_help()
+        return 0
     try:
         return int(args.func(args) or 0)
     except InputError as exc:

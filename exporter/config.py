@@ -12,9 +12,12 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, InputError
+from exporter.model.calibrate import Row, read_rows
+from exporter.model.gpus import GpuRow
 
 SIDECAR_TARGET = "http://127.0.0.1:8000"
 DEFAULT_LISTEN = "0.0.0.0:9877"
@@ -164,6 +167,13 @@ class KubernetesConfig(_Strict):
     scheme: str = "http"
     kubeconfig: str | None = None
 
+    @model_validator(mode="after")
+    def _client_installed(self) -> "KubernetesConfig":
+        from exporter.discovery.kubernetes import require_client   # lazy: it imports this module
+
+        require_client()   # the client is the optional [kubernetes] extra
+        return self
+
 
 class ShardConfig(_Strict):
     index: int = Field(default=0, ge=0)
@@ -251,10 +261,27 @@ class Config(_Strict):
     prometheus: PrometheusConfig | None = None
     dcgm: DCGMConfig | None = None
     prices: dict[str, float] = Field(default_factory=dict)
+    gpus: list[GpuRow] = Field(default_factory=list)   # GPU rows added to / overriding the catalog
     defaults: TargetSpec | None = None   # hints applied to every target lacking its own
     slo: SLO = SLO()
     state_dir: str | None = None
     web: WebConfig = WebConfig()
+    # measured runs (the CSV `sweep --out` writes) that seed the step-time calibration
+    calibration_files: list[str] = Field(default_factory=list)
+    _calibration_rows: list[Row] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _read_calibration(self) -> "Config":
+        try:
+            self._calibration_rows = read_rows(self.calibration_files)
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def calibration_rows(self) -> list[Row]:
+        """The rows of `calibration_files`, read once when the config was loaded."""
+        return self._calibration_rows
 
     @field_validator("prices")
     @classmethod

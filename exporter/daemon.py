@@ -29,6 +29,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from exporter.config import Config, TargetSpec, build_config
+from exporter.model.gpus import install_gpus
 from exporter.drift.state import StateStore
 from exporter.discovery import Discovery, build_discovery
 from exporter.errors import InputError, ParseError, ScrapeError
@@ -91,6 +92,7 @@ class Daemon:
     def __init__(self, cfg: Config, *, config_path: str | None = None,
                  cli_targets: list[str] | None = None, cli_listen: str | None = None) -> None:
         self.cfg = cfg
+        install_gpus(cfg.gpus)         # the config's `gpus:` rows join the GPU catalog
         self.config_path = config_path
         self.cli_targets, self.cli_listen = cli_targets, cli_listen
         self.config_stamp = self._stamp()
@@ -196,6 +198,8 @@ class Daemon:
         for url in list(self.targets):
             if url not in wanted:
                 log.info("target removed", target=url)
+                for model_name in self.targets[url].pipelines:
+                    self.pipelines.calibration.forget(url, model_name)
                 del self.targets[url]
         gpus = None
         if self.dcgm is not None:
@@ -321,6 +325,7 @@ class Daemon:
         for gone in set(st.pipelines) - seen:
             st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
+            self.pipelines.calibration.forget(url, gone)
 
     @staticmethod
     def _restarted(st: TargetState, snaps: list[Snapshot]) -> bool:
@@ -456,6 +461,7 @@ class Daemon:
             self.publish()
             return str(exc)
         old, self.cfg = self.cfg, new
+        install_gpus(new.gpus)
         self.config_loaded_at = time.time()
         self.reloads += 1
         self.discovery.close()
@@ -624,7 +630,8 @@ class Daemon:
             return
         try:
             n, windows = self.pipelines.restore(doc)
-            log.info("state restored", findings_trackers=n, windows=windows)
+            log.info("state restored", findings_trackers=n, windows=windows,
+                     calibration_pools=len(self.pipelines.calibration.pools))
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             self.state_store.error("load", f"unusable state: {exc}")
             self.state_store.set_aside()

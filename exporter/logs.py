@@ -1,4 +1,5 @@
-"""Structured logs: JSON lines on stderr by default, a readable console format on request.
+"""Structured logs on stderr: JSON lines by default, logfmt (`key=value`, what Prometheus and
+Loki users read and grep) or a readable console format on request (`--log-format`).
 
 Library loggers (apscheduler, httpx) go through the standard `logging` module at WARNING and are
 rendered by the same structlog processors, so every line on stderr has one format.
@@ -11,13 +12,13 @@ import sys
 import structlog
 
 LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("json", "logfmt", "console")
 
 
 def configure(fmt: str = "json", level: str = "info") -> None:
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, timestamper]
-    renderer = (structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()) if fmt == "console"
-                else structlog.processors.JSONRenderer())
+    renderer = _renderer(fmt)
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
@@ -32,3 +33,15 @@ def configure(fmt: str = "json", level: str = "info") -> None:
     root.setLevel(logging.WARNING)
     for noisy in ("apscheduler", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.ERROR if noisy == "apscheduler" else logging.WARNING)
+
+
+def _renderer(fmt: str):
+    if fmt == "console":
+        return structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    if fmt == "logfmt":
+        # ts, level and msg first, as in Prometheus' own logs; the rest in the order they were given.
+        return structlog.processors.LogfmtRenderer(key_order=["timestamp", "level", "event"], drop_missing=True,
+                                                   bool_as_flag=False)
+    if fmt == "json":
+        return structlog.processors.JSONRenderer()
+    raise ValueError(f"log format {fmt!r}: expected one of {', '.join(FORMATS)}")

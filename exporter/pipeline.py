@@ -25,10 +25,11 @@ from typing import Any, Callable, Iterable, Mapping
 import structlog
 
 from exporter.config import Config, TargetSpec
+from exporter.drift.calibration import FleetCalibration
 from exporter.drift.engine import DriftEngine, Judgement
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.drift.observe import build_input
-from exporter.drift.predict import Identity, identify, predict_for
+from exporter.drift.predict import Identity, identify, predict_for, setup_for
 from exporter.parse.snapshot import Snapshot
 from exporter.report import ModelReport
 from exporter.parse.metadata import Metadata
@@ -46,12 +47,14 @@ class Pipelines:
         self.engine = DriftEngine(cfg, one_shot=one_shot, raise_after=raise_after, clear_after=clear_after)
         self.restored_windows: dict[tuple[str, str], dict[str, Any]] = {}
         self.on_state_error: Callable[[str, str], None] | None = None   # (operation, message)
+        self.calibration = FleetCalibration(cfg.calibration_rows)
 
     def reconfigure(self, cfg: Config) -> None:
         """A reloaded config: the stable findings carry over."""
         self.cfg = cfg
         self.engine = DriftEngine(cfg, one_shot=self.engine.one_shot, raise_after=self.engine.raise_after,
                                   clear_after=self.engine.clear_after, previous=self.engine)
+        self.calibration.set_rows(cfg.calibration_rows)
 
     def pipeline(self, spec: TargetSpec, model_name: str, *, window_s: float | None = None) -> "TargetPipeline":
         """A new pipeline for (target, model), continuing its saved window when there is one."""
@@ -81,12 +84,14 @@ class Pipelines:
         for (url, model), saved in self.restored_windows.items():
             if keep_restored is None or keep_restored(url):
                 windows.setdefault(f"{url}|{model}", saved)
-        return {"evaluator": self.engine.to_dict(), "windows": windows}
+        return {"evaluator": self.engine.to_dict(), "windows": windows,
+                "calibration": self.calibration.to_dict()}
 
     def restore(self, doc: Mapping[str, Any]) -> tuple[int, int]:
         """Load a saved document; returns (stability trackers, windows) restored. Raises
         TypeError/ValueError/KeyError/AttributeError on an unusable document."""
         n = self.engine.restore(doc.get("evaluator") or {})
+        self.calibration.restore(doc.get("calibration") or {})
         for key, wd in (doc.get("windows") or {}).items():
             url, _, model = key.partition("|")
             self.restored_windows[(url, model)] = wd
@@ -138,7 +143,7 @@ class TargetPipeline:
         ident = self.identity(metadata)
         x = build_input(ident, summary, latest, metadata, observed, spec.slo or fleet.cfg.slo,
                         fleet.cfg.evaluation.window, self.window)
-        pred = self.predict(ident, x, summary, version)
+        pred = self.predict(ident, x, summary, version, now)
         x = replace(x, prediction=pred)
         notes.extend(pred.notes)
         j: Judgement = fleet.engine.judge(x, now, tuple(notes))
@@ -148,16 +153,53 @@ class TargetPipeline:
             misconfiguration=j.misconfiguration, configured=j.configured, recommended=j.recommended,
             kv_pressure_score=j.kv_pressure_score, idle_capacity_ratio=j.idle_capacity_ratio, tier=j.tier,
             waste_dollars_per_hour=j.waste_dollars_per_hour, predicted_kv_cache_tokens=pred.kv_cache_tokens,
-            predicted_tpot_seconds=pred.tpot_s, observed_kv_cache_tokens_ratio=j.observed_kv_cache_tokens_ratio,
+            predicted_tpot_seconds=pred.tpot_s, predicted_ttft_seconds=pred.ttft_s,
+            prior_tpot_seconds=pred.prior_tpot_s, prior_ttft_seconds=pred.prior_ttft_s,
+            prediction_basis=pred.basis, calibration=_calibration_json(pred),
+            observed_kv_cache_tokens_ratio=j.observed_kv_cache_tokens_ratio,
             notes=j.notes, evaluated_at=now, events=j.events, derived=j.derived)
 
-    def predict(self, ident: Identity, x: DriftInput, summary: Observed, version: str | None) -> Prediction:
-        """The model's view of this target at the observed load (the seam for per-target
-        calibration: state learned here belongs on this object and in `Pipelines.to_state`)."""
+    def predict(self, ident: Identity, x: DriftInput, summary: Observed, version: str | None,
+                now: float) -> Prediction:
+        """The model's view of this target at the observed load: the step-time model calibrated
+        on this target's pool of alike servers once that is confident (`drift/calibration.py`),
+        the a-priori one until then."""
         per_pos = summary.spec_decode_acceptance_per_pos
-        return predict_for(ident, x, vllm_version=version, prices=self.fleet.cfg.prices,
-                           spec_per_position=tuple(round(min(1.0, max(0.0, p)), 2) for p in per_pos)
-                           if per_pos else None)
+        per_pos_r = tuple(round(min(1.0, max(0.0, p)), 2) for p in per_pos) if per_pos else None
+        setup = setup_for(ident, x, version)
+        cal = None
+        if setup is not None:
+            tpot = summary.tpot
+            key = "tpot_seconds" if summary.tpot_source == "request_tpot" else "itl_seconds"
+            lifetime = self.latest.histograms.get(key) if self.latest is not None else None
+            cal = self.fleet.calibration.evaluate(
+                setup, target=self.spec.url, model_name=self.model_name, prompt_mean=x.prompt_mean,
+                output_mean=x.output_mean, prefix_hit_ratio=x.prefix_hit_ratio, running_mean=x.running_mean,
+                tpot_mean=tpot.mean if tpot is not None else None,
+                window_requests=tpot.count if tpot is not None else 0.0,
+                lifetime_requests=lifetime.count if lifetime is not None else None,
+                now=now, one_shot=self.fleet.engine.one_shot)
+        pred = predict_for(ident, x, vllm_version=version, prices=self.fleet.cfg.prices,
+                           spec_per_position=per_pos_r, calibration=cal.calibration if cal else None)
+        if cal is None:
+            return pred
+        notes = pred.notes
+        if cal.basis == "calibrated":
+            notes += (f"predictions calibrated on this server's pool ({cal.updates} measurement(s) from "
+                      f"{len(self.fleet.calibration.pools[cal.pool].targets) or 1} server(s)); "
+                      f"a-priori TPOT here {cal.prior_tpot_s:.4g} s",)
+        return replace(pred, tpot_s=cal.tpot_s, ttft_s=cal.ttft_s, prior_tpot_s=cal.prior_tpot_s,
+                       prior_ttft_s=cal.prior_ttft_s, basis=cal.basis, calibration_factors=dict(cal.factors),
+                       fit_error=cal.fit_error, calibration_updates=cal.updates,
+                       calibration_rejected=cal.rejected, calibration_pool=cal.pool, notes=notes)
+
+
+def _calibration_json(pred: Prediction) -> dict[str, Any] | None:
+    if pred.calibration_pool is None:
+        return None
+    return {"pool": pred.calibration_pool, "factors": dict(pred.calibration_factors),
+            "fit_error": pred.fit_error, "updates": pred.calibration_updates,
+            "rejected": pred.calibration_rejected}
 
 
 def evaluate_snapshots(fleet: Pipelines, spec: TargetSpec, batches: Iterable[list[Snapshot]],

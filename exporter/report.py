@@ -57,7 +57,12 @@ class ModelReport:
     tier: TierAdvice | None = None
     waste_dollars_per_hour: float | None = None
     predicted_kv_cache_tokens: float | None = None
-    predicted_tpot_seconds: float | None = None
+    predicted_tpot_seconds: float | None = None          # at the observed load, on `prediction_basis`
+    predicted_ttft_seconds: float | None = None
+    prior_tpot_seconds: float | None = None              # the a-priori model's, beside it
+    prior_ttft_seconds: float | None = None
+    prediction_basis: str = "prior"                      # prior | calibrated
+    calibration: dict[str, Any] | None = None            # pool, factors, fit_error, updates, rejected
     observed_kv_cache_tokens_ratio: float | None = None  # observed / predicted capacity
     notes: tuple[str, ...] = ()
     evaluated_at: float | None = None
@@ -83,7 +88,12 @@ class ModelReport:
             "configured": self.configured,
             "recommended": self.recommended,
             "predicted": {"kv_cache_tokens": self.predicted_kv_cache_tokens,
+                          "basis": self.prediction_basis,
                           "tpot_seconds": self.predicted_tpot_seconds,
+                          "ttft_seconds": self.predicted_ttft_seconds,
+                          "prior_tpot_seconds": self.prior_tpot_seconds,
+                          "prior_ttft_seconds": self.prior_ttft_seconds,
+                          "calibration": self.calibration,
                           "observed_to_predicted_kv_ratio": self.observed_kv_cache_tokens_ratio},
             "notes": list(self.notes),
             "events": list(self.events),

@@ -12,7 +12,12 @@ over the vLLM `engine` label) and the daemon's vllm_drift_* families. The `insta
 is derived from the daemon's `target` URL (host:port), which is the `instance` label
 Prometheus gives a vLLM server it scrapes directly or through a PodMonitor.
 
-Usage: python grafana/build.py [--check]
+Selectors (monitoring-mixin style): `drift_selector` and `vllm_selector` in rules/thresholds.yaml
+(default empty: every series) are added to the queries, see `configure`. Generate for other job
+labels without editing the file:
+    python grafana/build.py --out-dir /tmp/mine --set drift_selector='job="drift"' --set vllm_selector='job="llm"'
+
+Usage: python grafana/build.py [--check] [--out-dir DIR] [--thresholds FILE] [--set KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -27,15 +32,39 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "dashboards"
-THRESHOLDS = yaml.safe_load((ROOT / "rules" / "thresholds.yaml").read_text())
-W = THRESHOLDS["rate_window"]
+THRESHOLDS_FILE = ROOT / "rules" / "thresholds.yaml"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 NO_DATA = "No traffic"
-
 M = 'model_name=~"$model_name"'
-I = f'instance=~"$instance",{M}'
-T = 'target=~"$target"'
-MT = f"{M},{T}"
+
+
+def _matchers(selector: str | None) -> str:
+    """'job="x"' -> 'job="x",' (prefix for a matcher list); '' -> ''."""
+    selector = (selector or "").strip().strip(",")
+    return f"{selector}," if selector else ""
+
+
+def configure(t: dict[str, Any]) -> None:
+    """Set the thresholds and the label selectors every query is built with. As in monitoring
+    mixins, `drift_selector` / `vllm_selector` of rules/thresholds.yaml (the same keys
+    rules/build.py reads; default empty = every series) scope the dashboards to the job labels of
+    the user's Prometheus: `drift_selector` goes into every vllm_drift_* query and the variables,
+    `vllm_selector` into every query of raw vllm:* series. The recording rules' outputs need
+    neither: rules/build.py applies the same selectors to their inputs."""
+    global THRESHOLDS, W, DSEL, VSEL, I, T, MT, V_MODEL, V_TARGET, V_INSTANCE
+    THRESHOLDS, W = t, t["rate_window"]
+    DSEL, VSEL = _matchers(t.get("drift_selector")), _matchers(t.get("vllm_selector"))
+    I = f'instance=~"$instance",{M}'
+    T = f'{DSEL}target=~"$target"'
+    MT = f'{DSEL}{M},target=~"$target"'
+    info = f"vllm_drift_target_info{{{DSEL.rstrip(',')}}}" if DSEL else "vllm_drift_target_info"
+    V_MODEL = v_query("model_name", "Model", f"label_values({info}, model_name)")
+    V_TARGET = v_query("target", "Target",
+                       f'label_values(vllm_drift_target_info{{{DSEL}model_name=~"$model_name"}}, target)')
+    # host:port of the target URL = the `instance` label of the vLLM server's own series
+    V_INSTANCE = v_query("instance", "vLLM instance",
+                         f'label_values(vllm_drift_target_info{{{DSEL}model_name=~"$model_name",target=~"$target"}}, target)',
+                         regex="/^(?:[a-z]+:\\/\\/)?([^\\/]+)/")
 
 
 def target(expr: str, legend: str = "", *, instant: bool = False, fmt: str | None = None) -> dict:
@@ -143,18 +172,18 @@ def v_query(name: str, label: str, query: str, *, regex: str = "", hide: int = 0
             "options": [], "includeAll": True, "multi": True, "allValue": ".*"}
 
 
-V_MODEL = v_query("model_name", "Model", "label_values(vllm_drift_target_info, model_name)")
-V_TARGET = v_query("target", "Target",
-                   'label_values(vllm_drift_target_info{model_name=~"$model_name"}, target)')
-# host:port of the target URL = the `instance` label of the vLLM server's own series
-V_INSTANCE = v_query("instance", "vLLM instance",
-                     'label_values(vllm_drift_target_info{model_name=~"$model_name",target=~"$target"}, target)',
-                     regex="/^(?:[a-z]+:\\/\\/)?([^\\/]+)/")
+
+
+def _braced(matchers: str) -> str:
+    return f"{{{matchers.rstrip(',')}}}" if matchers else ""
 
 
 def drift_as_instance(expr: str) -> str:
     """Give a vllm_drift_* series the `instance` label of the vLLM server it describes."""
     return f'label_replace({expr}, "instance", "$1", "target", "(?:[a-z]+://)?([^/]+).*")'
+
+
+configure(yaml.safe_load(THRESHOLDS_FILE.read_text()))
 
 
 # ---- dashboards -------------------------------------------------------------------------
@@ -184,7 +213,7 @@ def fleet() -> dict:
     b.add("stat", "Last evaluation age",
           "Seconds since the daemon last finished an evaluation "
           "(time() - vllm_drift_last_evaluation_timestamp_seconds).",
-          [target("time() - max(vllm_drift_last_evaluation_timestamp_seconds)", "age")], unit="s",
+          [target(f"time() - max(vllm_drift_last_evaluation_timestamp_seconds{_braced(DSEL)})", "age")], unit="s",
           w=4, h=4, steps=thresholds(GREEN, ("red", THRESHOLDS["evaluation_stalled"]["seconds"])))
     b.row("Findings")
     b.add("timeseries", "Findings by severity",
@@ -346,7 +375,7 @@ def instance() -> dict:
                         ("vllm:request_generation_tokens", "Output length distribution")):
         b.add("heatmap", title,
               f"Finished requests per {name} bucket and interval ({name}_bucket increases).",
-              [target(f"sum by (le) (increase({name}_bucket{{{I}}}[$__rate_interval]))",
+              [target(f"sum by (le) (increase({name}_bucket{{{VSEL}{I}}}[$__rate_interval]))",
                       "{{le}}", fmt="heatmap")], w=12,
               options={"calculate": False, "yAxis": {"unit": "short"},
                        "cellGap": 1, "color": {"mode": "scheme", "scheme": "Oranges"}})
@@ -459,16 +488,31 @@ def render_configmap(dashboards: dict[str, str]) -> str:
             + yaml.dump(cm, Dumper=Dumper, sort_keys=False, width=1000))
 
 
+def _load_thresholds(path: Path, overrides: list[str]) -> dict[str, Any]:
+    """rules/build.py's loader (YAML plus dotted KEY=VALUE overrides): one parser for both."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vllm_drift_rules_build", ROOT / "rules" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.load_thresholds(path, overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="exit 1 if committed JSON differs")
+    ap.add_argument("--out-dir", type=Path, default=ROOT, help="root to write into (default: repo)")
+    ap.add_argument("--thresholds", type=Path, default=THRESHOLDS_FILE)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a setting, e.g. drift_selector='job=\"vllm-drift\"'")
     args = ap.parse_args(argv)
+    configure(_load_thresholds(args.thresholds, args.set))
     stale = []
     dashboards = render()
-    files = {OUT / name: text for name, text in dashboards.items()}
-    files[CONFIGMAP] = render_configmap(dashboards)
+    files = {args.out_dir / OUT.relative_to(ROOT) / name: text for name, text in dashboards.items()}
+    files[args.out_dir / CONFIGMAP.relative_to(ROOT)] = render_configmap(dashboards)
     for path, text in files.items():
-        name = path.relative_to(ROOT)
+        name = path.relative_to(args.out_dir)
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(name))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,15 @@ def load_thresholds(path: Path = THRESHOLDS, overrides: list[str] = ()) -> dict[
             raise SystemExit(f"--set {item!r}: unknown key {leaf!r} in {path.name}")
         node[leaf] = yaml.safe_load(raw)
     return t
+
+
+def _seconds(duration: str) -> float:
+    """A Prometheus duration such as ``5m`` or ``1h30m`` in seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    parts = re.findall(r"(\d+)(ms|[smhdwy])", str(duration))
+    if not parts or "".join(n + u for n, u in parts) != str(duration):
+        raise SystemExit(f"thresholds: {duration!r} is not a Prometheus duration")
+    return sum(int(n) * units[u] for n, u in parts)
 
 
 def _selector(metric: str, base: str, extra: str = "") -> str:
@@ -132,6 +142,16 @@ class Rules:
         r += self._histogram("vllm_request_generation_tokens", "vllm:request_generation_tokens")
         return r
 
+    def derived_records(self) -> list[dict]:
+        """Records the alerts read that combine raw series (recorded after vllm_records)."""
+        w = self.w
+        floor = 1.0 / _seconds(w)  # at least one finished request per window
+        return [
+            {"record": f"instance_model:vllm_num_preemptions_per_request_success:ratio_rate{w}",
+             "expr": (f"instance_model:vllm_num_preemptions:rate{w}\n"
+                      f"/ clamp_min(instance_model:vllm_request_success:rate{w}, {floor:.6g})")},
+        ]
+
     def drift_records(self) -> list[dict]:
         return [
             {"record": "job_severity:vllm_drift_finding:sum",
@@ -142,14 +162,23 @@ class Rules:
              "expr": f"sum by (job, model_name) ({self.d('vllm_drift_estimated_waste_dollars_per_hour')})"},
             {"record": "job_target_model:vllm_drift_misconfiguration_score:max",
              "expr": f"max by (job, target, model_name) ({self.d('vllm_drift_misconfiguration_score')})"},
+            # The daemon's per-target SLOs keyed like the raw vLLM series: `instance` is the
+            # host:port of the daemon's `target` URL (a discovery name that is not a URL keeps
+            # the daemon's own instance and so matches no vLLM series: the default SLO applies).
+            {"record": "instance_model:vllm_drift_slo_seconds:max",
+             "expr": ("max by (instance, model_name, metric, quantile) (\n"
+                      f"  label_replace({self.d('vllm_drift_slo_seconds')}, "
+                      '"instance", "$1", "target", "[a-z]+://([^/]+).*")\n)')},
         ]
 
     # ---- alerts ----------------------------------------------------------------------
     def _alert(self, name: str, expr: str, for_: str, severity: str, summary: str,
-               description: str) -> dict:
+               description: str, keep_firing_for: str | None = None) -> dict:
         rule: dict[str, Any] = {"alert": name, "expr": expr}
         if str(for_) not in ("0", "0s", "0m"):
             rule["for"] = for_
+        if keep_firing_for and str(keep_firing_for) not in ("0", "0s", "0m"):
+            rule["keep_firing_for"] = keep_firing_for  # Prometheus >= 2.42
         rule["labels"] = {"severity": severity}
         rule["annotations"] = {
             "summary": summary,
@@ -158,95 +187,153 @@ class Rules:
         }
         return rule
 
+    def _slo_alert(self, name: str, short: str, metric: str, default: float, what: str) -> dict:
+        """p99 over the target's own SLO as vllm-drift exports it; the documented default only
+        for servers the daemon exports no SLO for (no daemon, or a target it cannot map)."""
+        w, slo = self.w, self.t["slo"]
+        p99 = f'instance_model_quantile:{short}:histogram_quantile{{quantile="0.99"}}'
+        own = f'instance_model:vllm_drift_slo_seconds:max{{metric="{metric}",quantile="0.99"}}'
+        lookup = ('{{ with printf `instance_model:vllm_drift_slo_seconds:max{instance=%q,model_name=%q,'
+                  f'metric="{metric}",quantile="0.99"}}` $labels.instance $labels.model_name | query }}}}'
+                  '{{ . | first | value | humanizeDuration }} from vllm-drift{{ else }}'
+                  f'{default}s, the default without vllm-drift{{{{ end }}}}')
+        return self._alert(
+            name,
+            (f"{p99}\n> on (instance, model_name) group_left ()\n{own}\nor\n"
+             f"{p99} > {default}\nunless on (instance, model_name)\n{own}"),
+            slo["for"], "warning",
+            f"vLLM p99 {what} is over the server's SLO.",
+            f"p99 {what} of {{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}} is "
+            f"{{{{ $value | humanizeDuration }}}} over the last {w} (SLO {lookup}).")
+
     def vllm_alerts(self) -> list[dict]:
         t, w = self.t, self.w
         kv, pre, q, slo = t["kv_cache"], t["preemption"], t["queue"], t["slo"]
         who = "{{ $labels.model_name }} on {{ $labels.instance }}"
-        out = []
-        for sev, ratio, for_ in (("warning", kv["warning_ratio"], kv["warning_for"]),
-                                 ("critical", kv["critical_ratio"], kv["critical_for"])):
-            out.append(self._alert(
+        usage = "instance_model:vllm_kv_cache_usage_perc:max"
+        waiting = "instance_model:vllm_num_requests_waiting:sum"
+        ww, cw, qw = kv["warning_window"], kv["critical_window"], kv["queue_window"]
+        share = kv["warning_share"]
+        return [
+            # A small pool's usage jumps by whole requests (0.34 <-> 1.0 between 15 s scrapes on
+            # a real 48-block vLLM): an instantaneous `> x for: 10m` resets on every dip. The
+            # window's upper quantile says "full in at least `share` of the scrapes".
+            # Warning: full in at least `share` of the window's scrapes while requests waited,
+            # or the queue held in most of the last `queue_window` while the pool reached full
+            # (the steady sign on a pool that swings; it also catches a fresh onset on a server
+            # with a long healthy history within minutes).
+            self._alert(
                 "VLLMKVCachePressure",
-                f"instance_model:vllm_kv_cache_usage_perc:max > {ratio}", for_, sev,
-                "vLLM KV cache is nearly full.",
-                f"KV cache usage of {who} is {{{{ $value | humanizePercentage }}}} "
-                f"(threshold {ratio:.0%}) for more than {for_}; new requests queue and "
-                "running ones get preempted."))
-        out.append(self._alert(
-            "VLLMPreemptionStorm",
-            f"instance_model:vllm_num_preemptions:rate{w} > {pre['per_second']}",
-            pre["for"], "warning",
-            "vLLM is preempting requests continuously.",
-            f"{who} preempts {{{{ $value | printf \"%.2f\" }}}} requests/s "
-            f"(threshold {pre['per_second']}/s); preempted requests are recomputed or swapped, "
-            "which inflates TTFT and inter-token latency."))
-        out.append(self._alert(
-            "VLLMQueueBacklog",
-            f"instance_model:vllm_num_requests_waiting:sum > {q['waiting_requests']}",
-            q["for"], "warning",
-            "Requests are piling up in the vLLM waiting queue.",
-            f"{{{{ $value }}}} requests are waiting on {who} "
-            f"(threshold {q['waiting_requests']}) for more than {q['for']}."))
-        out.append(self._alert(
-            "VLLMTTFTP99OverSLO",
-            ('instance_model_quantile:vllm_time_to_first_token_seconds:histogram_quantile'
-             f'{{quantile="0.99"}} > {slo["ttft_p99_seconds"]}'),
-            slo["for"], "warning",
-            "vLLM p99 time to first token is over the SLO.",
-            f"p99 TTFT of {who} is {{{{ $value | humanizeDuration }}}} over the last {w} "
-            f"(SLO {slo['ttft_p99_seconds']}s)."))
-        out.append(self._alert(
-            "VLLMTPOTP99OverSLO",
-            ('instance_model_quantile:vllm_inter_token_latency_seconds:histogram_quantile'
-             f'{{quantile="0.99"}} > {slo["tpot_p99_seconds"]}'),
-            slo["for"], "warning",
-            "vLLM p99 time per output token is over the SLO.",
-            f"p99 inter-token latency of {who} is {{{{ $value | humanizeDuration }}}} over the "
-            f"last {w} (SLO {slo['tpot_p99_seconds']}s)."))
-        out.append(self._alert(
-            "VLLMMetricsAbsent",
-            f"absent({self.v('vllm:num_requests_running')})",
-            t["metrics_absent"]["for"], "warning",
-            "No vLLM metrics are reaching Prometheus.",
-            "Prometheus has had no vllm:num_requests_running series for "
-            f"{t['metrics_absent']['for']}: the vLLM scrape job, ServiceMonitor/PodMonitor or "
-            "relabelling is broken, or vLLM runs with --disable-log-stats."))
-        return out
+                (f"(\n  quantile_over_time({1 - share:g}, {usage}[{ww}]) > {kv['warning_ratio']}\n"
+                 f"  and\n  max_over_time({waiting}[{ww}]) > 0\n)\nor\n(\n"
+                 f"  max_over_time({usage}[{qw}]) > {kv['warning_ratio']}\n"
+                 f"  and\n  quantile_over_time(0.5, {waiting}[{qw}]) >= 1\n)"),
+                kv["warning_for"], "warning",
+                "vLLM KV cache is full while requests wait.",
+                f"KV cache usage of {who} reached {{{{ $value | humanizePercentage }}}} while "
+                f"requests waited: above {kv['warning_ratio']:.0%} in at least {share:.0%} of the "
+                f"last {ww}, or with requests waiting through most of the last {qw}; new requests "
+                "queue and running ones get preempted."),
+            # Critical: the pool is full on average. keep_firing_for stops a mean hovering at
+            # the threshold from resolving and re-arming the page.
+            self._alert(
+                "VLLMKVCachePressure",
+                (f"avg_over_time({usage}[{cw}]) > {kv['critical_mean_ratio']}\n"
+                 f"and\nmax_over_time({waiting}[{cw}]) > 0"),
+                kv["critical_for"], "critical",
+                "vLLM KV cache is full while requests wait.",
+                f"KV cache usage of {who} averaged {{{{ $value | humanizePercentage }}}} over the "
+                f"last {cw} (threshold {kv['critical_mean_ratio']:.0%}) while requests waited; "
+                "new requests queue and running ones get preempted.",
+                keep_firing_for=kv["critical_keep_firing_for"]),
+            self._alert(
+                "VLLMPreemptionStorm",
+                (f"instance_model:vllm_num_preemptions_per_request_success:ratio_rate{w} > "
+                 f"{pre['per_finished_request']}"),
+                pre["for"], "warning",
+                "vLLM is preempting requests continuously.",
+                f"{who} preempted {{{{ $value | printf \"%.2f\" }}}} times per finished request "
+                f"over the last {w} (threshold {pre['per_finished_request']}); preempted "
+                "requests are recomputed or swapped, which inflates TTFT and inter-token latency."),
+            self._alert(
+                "VLLMQueueBacklog",
+                f"avg_over_time({waiting}[{q['window']}]) > {q['waiting_requests']}",
+                q["for"], "warning",
+                "Requests are piling up in the vLLM waiting queue.",
+                f"On average {{{{ $value | printf \"%.0f\" }}}} requests waited on {who} over the "
+                f"last {q['window']} (threshold {q['waiting_requests']})."),
+            self._slo_alert("VLLMTTFTP99OverSLO", "vllm_time_to_first_token_seconds", "ttft",
+                            slo["ttft_p99_seconds"], "time to first token"),
+            self._slo_alert("VLLMTPOTP99OverSLO", "vllm_inter_token_latency_seconds", "tpot",
+                            slo["tpot_p99_seconds"], "time per output token"),
+            self._alert(
+                "VLLMMetricsAbsent",
+                f"absent({self.v('vllm:num_requests_running')})",
+                t["metrics_absent"]["for"], "warning",
+                "No vLLM metrics are reaching Prometheus.",
+                "Prometheus has had no vllm:num_requests_running series for "
+                f"{t['metrics_absent']['for']}: the vLLM scrape job, ServiceMonitor/PodMonitor or "
+                "relabelling is broken, or vLLM runs with --disable-log-stats."),
+        ]
+
+    def _finding(self, finding: str, severities: str = "warning|critical") -> str:
+        """The score of a finding the daemon holds at one of `severities` (its value is the
+        score, its labels those of vllm_drift_finding_score)."""
+        match = f'finding=~"{finding}"' if "|" in finding else f'finding="{finding}"'
+        sev = f'severity=~"{severities}"' if "|" in severities else f'severity="{severities}"'
+        return (f"{self.d('vllm_drift_finding_score', match)}\n"
+                "and on (job, instance, target, model_name, finding)\n"
+                f"{self.d('vllm_drift_finding', match + ',' + sev)}")
 
     def drift_alerts(self) -> list[dict]:
         t = self.t
+        kvf = t["kv_pressure_finding"]
         mc, tier, idle = t["misconfiguration"], t["tier_misplacement"], t["idle_capacity"]
         who = "{{ $labels.target }} ({{ $labels.model_name }})"
         lookup = ('{{ with printf "vllm_drift_KIND_value{target=%q,parameter=%q}" '
-                  '$labels.target $labels.parameter | query }}{{ . | first | value }}'
+                  '$labels.target $labels.finding | query }}{{ . | first | value }}'
                   '{{ else }}unknown{{ end }}')
+        settings = "|".join(t["misconfiguration"]["findings"])
+        kv_text = (f"vllm-drift holds a KV-pressure finding at SEV for {who}, score "
+                   "{{ $value | printf \"%.2f\" }} (0 comfortable, 1 saturated with preemptions); "
+                   "its /api/v1/findings explains it and gives the settings to change.")
         return [
+            # The daemon's finding already passed its hysteresis (two evaluations), so a short
+            # `for:` is safe; see docs/runbooks.md "Latency budget".
             self._alert(
-                "VLLMDriftMisconfigurationScoreHigh",
-                f"{self.d('vllm_drift_misconfiguration_score')} > {mc['score']}",
-                mc["for"], "warning",
+                "VLLMDriftKVPressure", self._finding("kv_pressure"), kvf["for"], "warning",
+                "vllm-drift finds KV-cache pressure on a vLLM server.",
+                kv_text.replace("SEV", "warning or above")),
+            self._alert(
+                "VLLMDriftKVPressure", self._finding("kv_pressure", "critical"), kvf["for"],
+                "critical", "vllm-drift finds KV-cache pressure on a vLLM server.",
+                kv_text.replace("SEV", "critical")),
+            self._alert(
+                "VLLMDriftMisconfiguration", self._finding(settings), mc["for"], "warning",
                 "A vLLM server's configuration drifted from the predicted optimum.",
-                f"{{{{ $labels.parameter }}}} on {who} scores {{{{ $value | printf \"%.2f\" }}}} "
-                f"(threshold {mc['score']}): configured {lookup.replace('KIND', 'configured')}, "
-                f"recommended {lookup.replace('KIND', 'recommended')}."),
+                f"vllm-drift holds a {{{{ $labels.finding }}}} finding at warning or above for "
+                f"{who}, score {{{{ $value | printf \"%.2f\" }}}}: configured "
+                f"{lookup.replace('KIND', 'configured')}, recommended "
+                f"{lookup.replace('KIND', 'recommended')}."),
             self._alert(
                 "VLLMDriftTierMisplacement",
                 (f"(\n  {self.d('vllm_drift_estimated_waste_dollars_per_hour')} > "
                  f"{tier['waste_dollars_per_hour']}\n)\n"
                  "+ ignoring (current_gpu, recommended_gpu) group_left (current_gpu, recommended_gpu)\n"
-                 f"(0 * ({self.d('vllm_drift_tier_misplacement_score')} > {tier['score']}))"),
+                 f"(0 * {self.d('vllm_drift_tier_misplacement_score')})\n"
+                 "and on (job, instance, target, model_name)\n"
+                 + self.d("vllm_drift_finding", 'finding="tier_misplacement",severity=~"warning|critical"')),
                 tier["for"], "warning",
                 "A vLLM server runs on a GPU tier that does not fit its load.",
                 f"{who} runs on {{{{ $labels.current_gpu }}}} but {{{{ $labels.recommended_gpu }}}} "
                 "fits its model and traffic; estimated waste "
                 f"${{{{ $value | printf \"%.2f\" }}}}/hour (threshold ${tier['waste_dollars_per_hour']}/hour)."),
             self._alert(
-                "VLLMDriftIdleCapacity",
-                f"{self.d('vllm_drift_idle_capacity_ratio')} > {idle['ratio']}",
-                idle["for"], "warning",
+                "VLLMDriftIdleCapacity", self._finding("idle_capacity"), idle["for"], "warning",
                 "A vLLM server leaves most of its capacity unused.",
-                f"{who} leaves {{{{ $value | humanizePercentage }}}} of its predicted sustainable "
-                f"capacity unused (threshold {idle['ratio']:.0%}) for more than {idle['for']}."),
+                f"vllm-drift holds an idle-capacity finding at warning or above for {who}: "
+                f"{{{{ $value | humanizePercentage }}}} of its predicted sustainable capacity is "
+                f"unused, for more than {idle['for']}."),
             self._alert(
                 "VLLMDriftTargetDown",
                 f"{self.d('vllm_drift_target_up')} == 0",
@@ -281,7 +368,7 @@ class Rules:
         ]
 
     def groups(self) -> tuple[list[dict], list[dict]]:
-        rec = [{"name": "vllm-drift.vllm.rules", "rules": self.vllm_records()},
+        rec = [{"name": "vllm-drift.vllm.rules", "rules": self.vllm_records() + self.derived_records()},
                {"name": "vllm-drift.daemon.rules", "rules": self.drift_records()}]
         alerts = [{"name": "vllm-drift.vllm.alerts", "rules": self.vllm_alerts()},
                   {"name": "vllm-drift.daemon.alerts", "rules": self.drift_alerts()}]

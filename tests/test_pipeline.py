@@ -7,10 +7,10 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from conftest import VLLM_CPU
 from exporter.config import Config, EvaluationConfig, TargetSpec
 from exporter.drift.engine import DriftEngine
 from exporter.parse import parse_vllm
@@ -198,7 +198,7 @@ def test_scan_pair_on_real_captures_reports_a_status(shared, tmp_path):
     assert {"finding", "severity", "score", "parameter", "configured", "recommended", "explanation"} <= set(t["findings"][0])
 
 
-CPU = Path(__file__).resolve().parent / "fixtures" / "vllm-cpu"
+CPU = VLLM_CPU
 
 
 def _scan_pair(a: str, b: str, interval: float) -> dict:

@@ -3,85 +3,264 @@
 Why a command: the same model the daemon uses to call a configuration "optimal" is useful
 before anything is deployed, to size a GPU, check a max_model_len or compare tiers. It prints
 what vLLM would log at startup for the setup (KV cache size, max concurrency, memory split),
-the predicted latency and throughput, the recommended engine flags and the GPU tiers.
+the predicted latency and throughput, the recommended engine flags, the speculative-decoding
+verdict and the GPU tiers; `--profile` fills traffic and SLOs from a workload preset, `--sweep`
+prints one parameter's trade-off table and `--html` writes a self-contained report with plots.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-from exporter.model.kv_cache import KVCapacity, kv_capacity
+from exporter.errors import CatalogError, InputError
+from exporter.model.calibrate import fit_setup as fit_calibration, read_rows
+from exporter.model.gpus import device_for_cli
+from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
+from exporter.model.profiles import Profile, get_profile, profiles
+from exporter.model.report import make_traffic, performance_report
 from exporter.model.setup import Setup
+from exporter.model.traffic import SLO, lengths_from_file
+from exporter.model import tradeoff
+
+DESCRIPTION = """\
+Predict what vLLM will do with a model on a GPU before deploying it: the KV cache it logs at
+startup, memory split, latency and throughput, the engine flags to use (each with the constraint
+that sets it), whether speculative decoding pays, and the cheapest GPU tiers.
+
+Traffic: --prompt-tokens/--output-tokens are MEANS; give the tail with --prompt-tokens-p99/
+--output-tokens-p99 or --lengths-from a request log, else a documented margin (p99 = 3.37 x mean)
+is used and said. --profile fills traffic, SLOs and objective from a workload preset; any flag
+overrides it. --sweep prints one parameter's trade-off table; --html writes a report with plots.
+"""
+
+EXAMPLES = """examples:
+  vllm-drift calc --model meta-llama/Llama-3.1-8B-Instruct --gpu H100-SXM-80GB --profile chatbot
+  vllm-drift calc --model Qwen/Qwen2.5-7B-Instruct --gpu L40S --sweep max_num_seqs --json
+  vllm-drift calc --model meta-llama/Llama-3.1-70B-Instruct --gpu H100 --tp 4 --html report.html
+  vllm-drift calc --list-profiles
+"""
+
+# Built-in traffic when neither a flag nor a profile gives it (means; tails get the margin).
+DEFAULT_PROMPT_TOKENS = 1024
+DEFAULT_OUTPUT_TOKENS = 256
+
+# (group, flags, argparse keywords). Adding an option is one row here; `dest` defaults as argparse
+# derives it. Traffic/SLO options default to None so a profile can fill what was not given.
+ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
+    ("setup", ("--model",), dict(metavar="ID|PATH", help="catalog id (e.g. meta-llama/Llama-3.1-8B-Instruct; "
+                                 "see `vllm-drift catalog models`) or a local config.json / model dir")),
+    ("setup", ("--gpu",), dict(metavar="NAME", help="GPU catalog name, alias or the name nvidia-smi/amd-smi prints "
+                               "(H100, L40S-48GB, 'Tesla V100-SXM2-32GB', ...; see `vllm-drift catalog gpus`)")),
+    ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the "
+                                          "catalog; without --gpu, or with an unknown one, describes the device)")),
+    ("setup", ("--gpu-bandwidth-gbs",), dict(type=float, metavar="GBS", help="memory bandwidth per GPU, GB/s "
+                                             "(overrides the catalog or describes an unknown device)")),
+    ("setup", ("--gpu-tflops",), dict(type=float, metavar="TFLOPS", help="dense FP16/BF16 TFLOPS per GPU "
+                                      "(overrides the catalog or describes an unknown device)")),
+    ("setup", ("--gpu-file",), dict(metavar="FILE", help="YAML rows adding or overriding GPUs (schema of the "
+                                    "`gpus:` config section, see docs/gpus.md)")),
+    ("setup", ("--tp",), dict(type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")),
+    ("setup", ("--pp",), dict(type=int, default=1, metavar="N", help="pipeline-parallel size (default 1)")),
+    ("setup", ("--data-parallel",), dict(type=int, default=1, metavar="N",
+                                         help="data-parallel engines (--data-parallel-size); MoE experts "
+                                              "spread over tp x N GPUs (default 1)")),
+    ("setup", ("--enable-expert-parallel",), dict(action="store_true",
+                                                  help="whole MoE experts per GPU instead of tensor-split experts")),
+    ("setup", ("--dtype",), dict(default="auto", metavar="DTYPE", help="model dtype: auto, bfloat16, float16, float32")),
+    ("setup", ("--quantization",), dict(metavar="SCHEME", help="weight quantization: fp8, awq, gptq, w8a8, w4a16, nvfp4, mxfp4")),
+    ("setup", ("--vllm-version",), dict(metavar="X.Y.Z", help="vLLM release whose defaults and accounting to follow")),
+    ("engine flags", ("--kv-cache-dtype",), dict(default="auto", metavar="auto|fp8", help="KV cache dtype (default auto)")),
+    ("engine flags", ("--gpu-memory-utilization",), dict(type=float, metavar="F", help="default: vLLM's for the version")),
+    ("engine flags", ("--max-model-len",), dict(type=int, metavar="N", help="default: the model's max position embeddings")),
+    ("engine flags", ("--max-num-seqs",), dict(type=int, metavar="N", help="default: vLLM's for the GPU and version")),
+    ("engine flags", ("--max-num-batched-tokens",), dict(type=int, metavar="N", help="default: vLLM's for the GPU and version")),
+    ("engine flags", ("--block-size",), dict(type=int, metavar="N", help="KV block size in tokens (default 16)")),
+    ("traffic", ("--profile",), dict(metavar="NAME", help="workload preset: " + ", ".join(profiles())
+                                     + " (any traffic/SLO flag overrides it; --list-profiles)")),
+    ("traffic", ("--list-profiles",), dict(action="store_true", help="print the workload presets and exit")),
+    ("traffic", ("--prompt-tokens",), dict(type=int, metavar="N", help=f"MEAN prompt length (default {DEFAULT_PROMPT_TOKENS})")),
+    ("traffic", ("--output-tokens",), dict(type=int, metavar="N", help=f"MEAN output length (default {DEFAULT_OUTPUT_TOKENS})")),
+    ("traffic", ("--prompt-tokens-p99",), dict(type=int, metavar="N", help="p99 prompt length (default: mean x 3.37, "
+                                                "a lognormal tail margin, stated in the output)")),
+    ("traffic", ("--output-tokens-p99",), dict(type=int, metavar="N", help="p99 output length (default: mean x 3.37)")),
+    ("traffic", ("--lengths-from",), dict(metavar="FILE", help="per-request lengths (CSV or JSON Lines with "
+                                          "prompt_tokens, output_tokens): their means and p99s")),
+    ("traffic", ("--rate",), dict(type=float, metavar="RPS", help="open-loop arrival rate, requests per second")),
+    ("traffic", ("--concurrency",), dict(type=int, metavar="N", help="closed-loop concurrency (clients)")),
+    ("traffic", ("--prefix-hit-ratio",), dict(type=float, metavar="F", help="share of prompt tokens hit in the prefix cache")),
+    ("SLOs and speculation", ("--ttft-slo",), dict(type=float, metavar="SECONDS", help="time-to-first-token p99 objective")),
+    ("SLOs and speculation", ("--tpot-slo",), dict(type=float, metavar="SECONDS", help="time-per-output-token p99 objective")),
+    ("SLOs and speculation", ("--spec-tokens",), dict(type=int, default=0, metavar="K",
+                                                      help="speculative tokens per step (0: judge k=3 EAGLE across acceptance 0.3-0.9)")),
+    ("SLOs and speculation", ("--spec-acceptance",), dict(type=float, metavar="F", help="measured per-token draft acceptance rate")),
+    ("calibration", ("--calibrate",), dict(action="append", default=[], metavar="FILE.csv",
+                                           help="measured rows (columns of throughput-observations.csv, as `sweep --out` "
+                                                "writes) that fit the step-time model before predicting; repeatable")),
+    ("output", ("--sweep",), dict(metavar="PARAM", choices=tradeoff.PARAMS,
+                                  help="trade-off table for one parameter: " + ", ".join(tradeoff.PARAMS))),
+    ("output", ("--html",), dict(metavar="FILE", type=Path, help="write a self-contained HTML report with plots "
+                                 "(needs the [report] extra: pip install 'vllm-drift[report]')")),
+    ("output", ("--json",), dict(action="store_true", help="print one JSON document")),
+]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "calc", help="predict KV capacity, latency and the best configuration for a model/GPU",
-        description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, metavar="ID|PATH",
-                   help="catalog id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a local config.json / model dir")
-    p.add_argument("--gpu", required=True, metavar="NAME", help="GPU catalog name or alias (H100, L40S-48GB, ...)")
-    p.add_argument("--gpu-memory-gib", type=float, metavar="F", help="total memory per GPU (overrides the catalog)")
-    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size (default 1)")
-    p.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel size (default 1)")
-    p.add_argument("--dtype", default="auto", help="model dtype: auto, bfloat16, float16, float32")
-    p.add_argument("--quantization", metavar="Q", help="weight quantization: fp8, awq, gptq, w8a8, w4a16, fp4, mxfp4")
-    p.add_argument("--kv-cache-dtype", default="auto", metavar="auto|fp8", help="KV cache dtype (default auto)")
-    p.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="default: vLLM's for the version")
-    p.add_argument("--max-model-len", type=int, metavar="N", help="default: the model's max position embeddings")
-    p.add_argument("--max-num-seqs", type=int, metavar="N", help="default: vLLM's for the GPU and version")
-    p.add_argument("--max-num-batched-tokens", type=int, metavar="N", help="default: vLLM's for the GPU and version")
-    p.add_argument("--block-size", type=int, metavar="N", help="KV block size in tokens (default 16)")
-    p.add_argument("--vllm-version", metavar="X.Y.Z", help="vLLM release whose accounting to follow")
-    t = p.add_argument_group("traffic")
-    t.add_argument("--prompt-tokens", type=int, default=1024, metavar="N", help="mean prompt length (default 1024)")
-    t.add_argument("--output-tokens", type=int, default=256, metavar="N", help="mean output length (default 256)")
-    t.add_argument("--rate", type=float, metavar="RPS", help="arrival rate, requests per second")
-    t.add_argument("--concurrency", type=int, metavar="N", help="closed-loop concurrency")
-    t.add_argument("--prefix-hit-ratio", type=float, default=0.0, metavar="F", help="share of prompt tokens hit in the prefix cache")
-    s = p.add_argument_group("SLOs and speculation")
-    s.add_argument("--ttft-slo", type=float, metavar="S", help="time-to-first-token objective, seconds")
-    s.add_argument("--tpot-slo", type=float, metavar="S", help="time-per-output-token objective, seconds")
-    s.add_argument("--spec-tokens", type=int, default=0, metavar="K", help="speculative tokens per step (0 = off)")
-    s.add_argument("--spec-acceptance", type=float, metavar="F", help="per-token draft acceptance rate")
-    p.add_argument("--json", action="store_true", help="print one JSON document")
+        description=DESCRIPTION,
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    groups: dict[str, Any] = {}
+    for group, flags, kw in ARGUMENTS:
+        if group not in groups:
+            groups[group] = p.add_argument_group(group)
+        groups[group].add_argument(*flags, **kw)
     p.set_defaults(func=run)
 
 
-def build_setup(args: argparse.Namespace) -> Setup:
-    return Setup.build(
-        args.model, args.gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
-        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
-        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-        vllm_version=args.vllm_version)
+# ---- inputs ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Inputs:
+    """Traffic and SLOs after profile + flags: what the calculation used, and where it came from."""
+    prompt_tokens: float
+    output_tokens: float
+    prompt_tokens_p99: float | None
+    output_tokens_p99: float | None
+    prefix_hit_ratio: float
+    ttft_slo: float | None
+    tpot_slo: float | None
+    objective: str
+    profile: Profile | None
+    overridden: list[str]
+    lengths_from: dict[str, Any] | None = None
 
 
-def _validate_traffic(args: argparse.Namespace) -> None:
-    from exporter.errors import InputError
-    if args.prompt_tokens < 1 or args.output_tokens < 1:
+_PROFILE_FIELDS = (("prompt_tokens", "prompt_tokens_mean"), ("output_tokens", "output_tokens_mean"),
+                   ("prompt_tokens_p99", "prompt_tokens_p99"), ("output_tokens_p99", "output_tokens_p99"),
+                   ("prefix_hit_ratio", "prefix_hit_ratio"), ("ttft_slo", "ttft_p99_s"),
+                   ("tpot_slo", "tpot_p99_s"))
+
+
+def resolve_inputs(args: argparse.Namespace) -> Inputs:
+    """Each value from, in order: its flag, --lengths-from, the profile, the built-in default."""
+    prof = get_profile(args.profile) if args.profile else None
+    measured = lengths_from_file(args.lengths_from) if args.lengths_from else {}
+    values: dict[str, Any] = {}
+    overridden = []
+    for flag, attr in _PROFILE_FIELDS:
+        given = getattr(args, flag)
+        if given is None:
+            given = measured.get(flag)
+        if given is not None:
+            values[flag] = given
+            if prof is not None and getattr(prof, attr) != given:
+                overridden.append("--" + flag.replace("_", "-") if flag not in measured else "--lengths-from")
+        else:
+            values[flag] = getattr(prof, attr) if prof is not None else None
+    values["prompt_tokens"] = values["prompt_tokens"] or DEFAULT_PROMPT_TOKENS
+    values["output_tokens"] = values["output_tokens"] or DEFAULT_OUTPUT_TOKENS
+    values["prefix_hit_ratio"] = values["prefix_hit_ratio"] or 0.0
+    inp = Inputs(**values, objective=prof.objective if prof else "cost", profile=prof,
+                 overridden=list(dict.fromkeys(overridden)),
+                 lengths_from={"file": str(args.lengths_from), "requests": measured["requests"]} if measured else None)
+    _validate(args, inp)
+    return inp
+
+
+def _validate(args: argparse.Namespace, inp: Inputs) -> None:
+    if inp.prompt_tokens < 1 or inp.output_tokens < 1:
         raise InputError("--prompt-tokens and --output-tokens must be >= 1")
+    for flag, p99, mean in (("--prompt-tokens-p99", inp.prompt_tokens_p99, inp.prompt_tokens),
+                            ("--output-tokens-p99", inp.output_tokens_p99, inp.output_tokens)):
+        if p99 is not None and p99 < mean:
+            raise InputError(f"{flag} ({p99:g}) must be >= the mean ({mean:g})")
     if args.rate is not None and args.rate <= 0:
         raise InputError(f"--rate must be positive (got {args.rate})")
     if args.concurrency is not None and args.concurrency < 1:
         raise InputError(f"--concurrency must be >= 1 (got {args.concurrency})")
-    if not 0 <= args.prefix_hit_ratio < 1:
-        raise InputError(f"--prefix-hit-ratio must be in [0, 1) (got {args.prefix_hit_ratio})")
-    if args.spec_acceptance is not None and not 0 <= args.spec_acceptance <= 1:
-        raise InputError(f"--spec-acceptance must be in [0, 1] (got {args.spec_acceptance})")
+    if not 0 <= inp.prefix_hit_ratio < 1:
+        raise InputError(f"--prefix-hit-ratio must be in [0, 1) (got {inp.prefix_hit_ratio})")
+    for flag, v in (("--ttft-slo", inp.ttft_slo), ("--tpot-slo", inp.tpot_slo)):
+        if v is not None and not v > 0:
+            raise InputError(f"{flag} must be > 0 seconds (got {v})")
+    if args.spec_acceptance is not None and not 0 <= args.spec_acceptance < 1:
+        raise InputError(f"--spec-acceptance must be in [0, 1) (got {args.spec_acceptance})")
     if args.spec_tokens < 0:
         raise InputError(f"--spec-tokens must be >= 0 (got {args.spec_tokens})")
 
 
+def build_setup(args: argparse.Namespace) -> Setup:
+    try:
+        return _build_setup(args)
+    except CatalogError as exc:
+        if "catalog_ids()" not in str(exc):
+            raise
+        # no name was close enough for the resolver: still point at the nearest ids
+        from exporter.model.architectures import catalog_ids
+        ids = catalog_ids()
+        stems = {i.split("/")[-1].lower(): i for i in ids}
+        close = difflib.get_close_matches(args.model.split("/")[-1].lower(), list(stems), n=3, cutoff=0.0)
+        raise CatalogError(f"unknown model {args.model!r} (not a catalog id nor a local config.json); "
+                           f"closest catalog ids: {', '.join(stems[c] for c in close)} "
+                           "(all: `vllm-drift catalog models`)") from None
+
+
+def _build_setup(args: argparse.Namespace) -> Setup:
+    gpu = device_for_cli(args.gpu, gpu_file=args.gpu_file, memory_gib=args.gpu_memory_gib,
+                         bandwidth_gbs=args.gpu_bandwidth_gbs, tflops=args.gpu_tflops)
+    return Setup.build(
+        args.model, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        vllm_version=args.vllm_version, dp=getattr(args, "data_parallel", 1) or 1,
+        expert_parallel=bool(getattr(args, "enable_expert_parallel", False)))
+
+
+def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
+    """The setup and its KV capacity. An explicit `--max-model-len` that does not fit is an error,
+    as it is for vLLM; the *default* (the model's own maximum) is lowered to the largest length
+    the pool holds, with a note, since the question asked was not about that length."""
+    setup = build_setup(args)
+    notes = _mapping_notes(args.model, setup)
+    if args.max_model_len is not None:   # checked in run(): refused, but --json still prints
+        return setup, kv_capacity(setup, check_fits=False), notes
+    loose = kv_capacity(setup, check_fits=False)
+    if loose.blocks_per_request <= loose.gpu_blocks:
+        return setup, loose, notes
+    largest = largest_max_model_len(setup, loose.gpu_blocks)
+    if largest < 1:
+        return setup, kv_capacity(setup), notes   # raises with vLLM's message
+    fitted = dataclasses.replace(setup, max_model_len=largest)
+    notes.append(f"the model's default max_model_len {setup.max_model_len} does not fit the KV cache; "
+                 f"using the largest that does, {largest} (pass --max-model-len to choose)")
+    return fitted, kv_capacity(fitted), notes
+
+
+def _mapping_notes(asked: str, setup: Setup) -> list[str]:
+    """Say so when the name asked for was answered with another catalog entry."""
+    if Path(asked).exists() or asked.endswith(".json"):
+        return []
+    got = setup.model.name
+    if got.strip().lower() != asked.strip().lower():
+        return [f"model {asked!r} is not a catalog id; computed with catalog entry {got!r} "
+                "(same architecture as far as the catalog knows)"]
+    return []
+
+
 def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
-    """The `kv_cache`, `memory` and `setup` sections of the JSON document."""
+    """The `setup`, `kv_cache` and `memory` sections of the JSON document."""
     m = cap.memory
     return {
         "setup": {
             "model": setup.model.name, "gpu": setup.gpu.name, "tp": setup.tp, "pp": setup.pp,
+            "data_parallel": setup.dp, "expert_parallel": setup.expert_parallel,
             "dtype": setup.dtype, "quantization": setup.quantization,
             "kv_cache_dtype": setup.kv_cache_dtype,
             "gpu_memory_utilization": setup.gpu_memory_utilization,
@@ -96,6 +275,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "gpu_blocks": cap.gpu_blocks, "max_concurrency": round(cap.max_concurrency, 2),
             "block_size": cap.block_size, "num_groups": cap.num_groups,
             "blocks_per_request": cap.blocks_per_request,
+            "fits": cap.blocks_per_request <= cap.gpu_blocks,
         },
         "memory": {
             "weights_gib": round(m.weights_gib, 3), "activation_gib": round(m.activation_gib, 3),
@@ -105,103 +285,118 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
     }
 
 
-def performance_sections(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
-    """`predicted`, `recommendation` and `tiers`, from the performance model."""
-    from exporter.model.report import performance_report
-    return performance_report(
-        setup, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
-        concurrency=args.concurrency, rate=args.rate, prefix_hit_ratio=args.prefix_hit_ratio,
-        ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo, spec_tokens=args.spec_tokens,
-        spec_acceptance=args.spec_acceptance)
+def performance_sections(setup: Setup, args: argparse.Namespace, inp: Inputs) -> dict[str, Any]:
+    """`traffic`, `predicted`, `recommendation`, `speculative_decoding`, `tiers`, `notes`; with
+    `--calibrate`, fitted on the measured rows first (and a `calibration` section)."""
+    fit, notes = None, []
+    if args.calibrate:
+        fit, notes = fit_calibration(setup, read_rows(args.calibrate), quantization=args.quantization)
+    doc = performance_report(
+        setup, prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
+        prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,
+        concurrency=args.concurrency, rate=args.rate, prefix_hit_ratio=inp.prefix_hit_ratio,
+        ttft_slo=inp.ttft_slo, tpot_slo=inp.tpot_slo, spec_tokens=args.spec_tokens,
+        spec_acceptance=args.spec_acceptance,
+        calibration=fit.calibration if fit is not None and fit.rows_used and not fit.rejected else None)
+    if fit is not None:
+        doc["calibration"] = fit.as_dict()
+        doc["notes"] = notes + doc.get("notes", [])
+    return doc
 
 
-def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
-    """The setup and its KV capacity. An explicit `--max-model-len` that does not fit is an error,
-    as it is for vLLM; the *default* (the model's own maximum) is lowered to the largest length
-    the pool holds, with a note, since the question asked was not about that length."""
-    import dataclasses
+def profile_section(inp: Inputs) -> dict[str, Any] | None:
+    if inp.profile is None:
+        return None
+    d = inp.profile.as_dict()
+    d["overridden_by_flags"] = inp.overridden
+    return d
 
-    from exporter.model.kv_cache import largest_max_model_len
 
-    setup = build_setup(args)
-    if args.max_model_len is not None:
-        return setup, kv_capacity(setup), []
-    loose = kv_capacity(setup, check_fits=False)
-    if loose.blocks_per_request <= loose.gpu_blocks:
-        return setup, loose, []
-    largest = largest_max_model_len(setup, loose.gpu_blocks)
-    if largest < 1:
-        return setup, kv_capacity(setup), []   # raises with vLLM's message
-    fitted = dataclasses.replace(setup, max_model_len=largest)
-    note = (f"the model's default max_model_len {setup.max_model_len} does not fit the KV cache; "
-            f"using the largest that does, {largest} (pass --max-model-len to choose)")
-    return fitted, kv_capacity(fitted), [note]
+def _tuned(setup: Setup, rec: dict[str, Any]) -> Setup:
+    return setup.with_(max_num_seqs=rec["max_num_seqs"], gpu_memory_utilization=rec["gpu_memory_utilization"],
+                       max_model_len=rec["max_model_len"], max_num_batched_tokens=rec["max_num_batched_tokens"])
+
+
+def sweep_section(setup: Setup, args: argparse.Namespace, inp: Inputs, doc: dict[str, Any], param: str) -> dict[str, Any]:
+    rec = doc["recommendation"]
+    traffic = make_traffic(prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
+                           prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,
+                           prefix_hit_ratio=inp.prefix_hit_ratio)
+    return tradeoff.sweep(_tuned(setup, rec), traffic, SLO(inp.ttft_slo, inp.tpot_slo), param,
+                          recommended=rec.get(param), objective=inp.objective,
+                          concurrency=args.concurrency, rate=args.rate)
+
+
+def curve_section(setup: Setup, inp: Inputs, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    rec = doc["recommendation"]
+    traffic = make_traffic(prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
+                           prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,
+                           prefix_hit_ratio=inp.prefix_hit_ratio)
+    return tradeoff.concurrency_curve(_tuned(setup, rec), traffic, SLO(inp.ttft_slo, inp.tpot_slo),
+                                      mark=rec["max_num_seqs"])
+
+
+def _refusal(setup: Setup, cap: KVCapacity, largest: int) -> str:
+    """vLLM's own refusal when one max_model_len request does not fit the pool, with the
+    largest length that would (`check_enough_kv_cache_memory` in v1/core/kv_cache_utils.py:
+    "... is larger than the maximum number of tokens that can be stored in KV cache ...
+    the estimated maximum model length is N")."""
+    return (f"max_model_len {setup.max_model_len} does not fit: one request needs "
+            f"{cap.blocks_per_request} KV blocks but the pool has {cap.gpu_blocks} "
+            f"({cap.tokens} tokens, {cap.memory.kv_cache_gib:.2f} GiB per GPU); the estimated "
+            f"maximum model length is {largest} (lower --max-model-len, raise "
+            f"--gpu-memory-utilization or use more GPUs)")
 
 
 def run(args: argparse.Namespace) -> int:
-    _validate_traffic(args)
+    from exporter.reports import terminal as out
+
+    if args.list_profiles:
+        out.print_profiles(json_out=args.json)
+        return 0
+    missing = [f for f in ("model", "gpu") if not getattr(args, f) and not (f == "gpu" and args.gpu_memory_gib)]
+    if missing:
+        raise InputError("missing " + " and ".join(f"--{m}" for m in missing)
+                         + " (see `vllm-drift catalog models|gpus`)")
+    inp = resolve_inputs(args)
+    if args.html is not None:
+        from exporter.reports.html import require_plotly
+        require_plotly()   # fail before the work, with the one-line hint
+        if not args.html.parent.is_dir():
+            raise InputError(f"--html {args.html}: directory {args.html.parent} does not exist")
     setup, cap, notes = fit_setup(args)
-    doc = kv_sections(setup, cap)
-    doc.update(performance_sections(setup, args))
-    if notes:
-        doc["notes"] = notes
-        for note in notes:
-            print(f"vllm-drift calc: note: {note}", file=sys.stderr)
+    doc: dict[str, Any] = {"profile": profile_section(inp), "objective": inp.objective}
+    doc.update(kv_sections(setup, cap))
+    if not doc["kv_cache"]["fits"]:
+        # refused as vLLM refuses (exit 2), but --json still prints what the pool holds
+        largest = largest_max_model_len(setup, cap.gpu_blocks)
+        message = _refusal(setup, cap, largest)
+        doc["kv_cache"]["estimated_max_model_len"] = largest
+        doc["error"] = message
+        if args.json:
+            json.dump(doc, sys.stdout, indent=2, default=str)
+            sys.stdout.write("\n")
+        raise InputError(message)
+    doc.update(performance_sections(setup, args, inp))
+    doc["notes"] = notes + doc.get("notes", [])
+    if inp.lengths_from:
+        doc["traffic"]["lengths_from"] = inp.lengths_from
+    if args.sweep:
+        doc["sweep"] = sweep_section(setup, args, inp, doc, args.sweep)
+    for note in doc["notes"]:
+        print(f"vllm-drift calc: note: {note}", file=sys.stderr)
+    if args.html is not None:
+        from exporter.reports.calc import render_calc_report
+        sweep = doc.get("sweep") or sweep_section(setup, args, inp, doc, "max_num_seqs")
+        html = render_calc_report(doc, curve=curve_section(setup, inp, doc), sweep=sweep)
+        try:
+            args.html.write_text(html, encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"--html {args.html}: cannot write ({exc.strerror})") from None
+        print(f"vllm-drift calc: wrote {args.html}", file=sys.stderr)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(doc))
+        out.print_calc(doc)
     return 0
-
-
-# ---- human output ------------------------------------------------------------------------------
-
-def _table(title: str, rows: list[tuple[str, Any]]) -> str:
-    width = max((len(k) for k, _ in rows), default=0)
-    lines = [title, "-" * len(title)]
-    for k, v in rows:
-        if isinstance(v, dict):  # e.g. the binding constraint of each recommendation
-            lines.append(f"  {k}:")
-            sub = max((len(str(x)) for x in v), default=0)
-            lines += [f"    {x:<{sub}}  {_fmt(y)}" for x, y in v.items()]
-        else:
-            lines.append(f"  {k:<{width}}  {_fmt(v)}")
-    return "\n".join(lines) + "\n\n"
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    if isinstance(v, dict):
-        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
-    return "-" if v is None else str(v)
-
-
-def render(doc: dict[str, Any]) -> str:
-    s = doc["setup"]
-    out = [_table(f"Setup: {s['model']} on {s['tp'] * s['pp']} x {s['gpu']}", list(s.items())[2:])]
-    kv = doc["kv_cache"]
-    out.append(_table("KV cache (as vLLM logs it at startup)", [
-        ("GPU KV cache size (tokens)", kv["tokens"]), ("GPU blocks", kv["gpu_blocks"]),
-        (f"max concurrency at {s['max_model_len']:,} tokens", kv["max_concurrency"]),
-        ("KV bytes per token per GPU", kv["bytes_per_token"]), ("KV cache groups", kv["num_groups"])]))
-    mem = doc["memory"]
-    out.append(_table("Memory per GPU (GiB)", [(k.removesuffix("_gib"), v) for k, v in mem.items()]))
-    for key in ("predicted", "recommendation"):
-        section = doc.get(key)
-        if isinstance(section, dict):
-            out.append(_table(key.capitalize(), list(section.items())))
-    tiers = doc.get("tiers")
-    if isinstance(tiers, list) and tiers:
-        cols = ["gpu", "tp", "replicas", "dollars_per_hour", "dollars_per_million_tokens", "meets_slo"]
-        cells = [[_fmt(t.get(c)) for c in cols] for t in tiers if isinstance(t, dict)]
-        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
-        def line(values: list[str]) -> str:
-            return "  " + "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                    for i, (v, w) in enumerate(zip(values, widths)))
-        lines = ["GPU tiers", "---------", line(cols)] + [line(r) for r in cells]
-        out.append("\n".join(lines) + "\n")
-    return "".join(out)

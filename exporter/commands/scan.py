@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from exporter.commands.simulate import DUMP_STAMP
 from exporter.config import Config, TargetSpec, check_url
 from exporter.errors import InputError, ParseError, ScrapeError
 from exporter.parse import parse_vllm
@@ -89,16 +90,28 @@ async def _scan_url(url: str, args: argparse.Namespace, fleet: Pipelines) -> lis
     return _evaluate(fleet, _spec(url, args, "scan"), payloads, metadata)
 
 
+def _stamp(body: bytes) -> float | None:
+    """The snapshot time a `simulate --dump` (or any exposition starting with the same comment)
+    records on its first line."""
+    head = body[:80].decode("ascii", "replace")
+    if head.startswith(DUMP_STAMP):
+        try:
+            return float(head[len(DUMP_STAMP):].split("\n", 1)[0])
+        except ValueError:
+            return None
+    return None
+
+
 def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines) -> list[ModelReport]:
     first = _read(path)
-    t1 = os.path.getmtime(path) if path != "-" else time.time()
+    t1 = _stamp(first) or (os.path.getmtime(path) if path != "-" else time.time())
     payloads = [(first, t1)]
     if args.after:
         second = _read(args.after)
         if args.interval:
             t2 = t1 + args.interval
         else:
-            t2 = os.path.getmtime(args.after)
+            t2 = _stamp(second) or os.path.getmtime(args.after)
             if t2 <= t1:
                 raise InputError(f"--after {args.after}: not later than {path} by file time; give --interval SECONDS")
         payloads.append((second, t2))

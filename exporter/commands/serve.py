@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", help=f"address to serve on (default {DEFAULT_LISTEN})")
     p.add_argument("--target", metavar="URL", action="append", default=[],
                    help="base URL of a vLLM server (repeatable)")
-    p.add_argument("--log-format", choices=("json", "console"), default="json")
+    p.add_argument("--log-format", choices=logs.FORMATS, default="json")
     p.add_argument("--log-level", choices=logs.LEVELS, default="info")
     p.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (tests, demos)")
     p.set_defaults(func=run)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import resource
 import signal
@@ -46,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="stop after S seconds (default: run until SIGINT/SIGTERM)")
     p.add_argument("--list-scenarios", action="store_true", help="list built-in scenarios and exit")
+    p.add_argument("--step-time-scale", type=float, default=None, metavar="S",
+                   help="true step times are S x the calculator's (default: the scenario's, 1.0); "
+                        "the exposition does not say so: a server the model must learn")
     p.add_argument("--dump", type=float, default=None, metavar="S",
                    help="print the /metrics text after S simulated seconds (after warm-up) and "
                         "exit, without serving (e.g. `... --dump 60 | vllm-drift scan -`)")
@@ -60,6 +64,20 @@ def _raise_fd_limit(needed: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         except (ValueError, OSError):
             pass
+
+
+# `--dump` output: the simulated server started at this time (2026-01-01T00:00:00Z) minus its
+# warm-up, and its first line is a comment with the simulated time of the snapshot.
+DUMP_EPOCH = 1_767_225_600.0
+DUMP_STAMP = "# vllm-drift simulate dump: time"
+
+
+def _scaled(sc, scale: float | None):
+    if scale is None:
+        return sc
+    if not (0.01 <= scale <= 100):
+        raise InputError(f"--step-time-scale must be in [0.01, 100] (got {scale})")
+    return dataclasses.replace(sc, step_time_scale=scale)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,10 +102,14 @@ def run(args: argparse.Namespace) -> int:
     if args.dump is not None:
         if args.dump < 0:
             raise InputError(f"--dump must not be negative (got {args.dump})")
-        sc = load_scenario(args.scenario)
+        sc = _scaled(load_scenario(args.scenario), args.step_time_scale)
+        # a fixed clock, so that dumps of one seed at different lengths are snapshots of one run
+        # (same start time, counters growing) that `scan A --after B` can pair without --interval
+        start = DUMP_EPOCH - sc.warmup_s
         st = build(sc, seed=args.seed, version=args.vllm_version, model=args.model, gpu=args.gpu,
-                   speed=1.0, start_time=now - sc.warmup_s - args.dump)
+                   speed=1.0, start_time=start)
         st.advance(sc.warmup_s + args.dump)
+        sys.stdout.write(f"{DUMP_STAMP} {start + sc.warmup_s + args.dump:.3f}\n")
         sys.stdout.write(st.exposition())
         return 0
     fleet_n = args.fleet
@@ -113,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         bindings = [(args.host, p, ep) for p, ep in zip(ports, endpoints)]
         tick = 1.0
     else:
-        sc = load_scenario(args.scenario)
+        sc = _scaled(load_scenario(args.scenario), args.step_time_scale)
         st = build(sc, seed=args.seed, version=args.vllm_version, model=args.model, gpu=args.gpu,
                    speed=args.speed, start_time=now - sc.warmup_s)
         states = [st]

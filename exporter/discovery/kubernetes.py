@@ -20,13 +20,16 @@ that is not being deleted. Its URL is `scheme://podIP:port`. Hints, first found 
 * the node's GPU product label, mapped onto our GPU catalog;
 * the config's `kubernetes.port` and `kubernetes.scheme`.
 
-Client: the official `kubernetes` package, imported only when this source is configured. Its
+Client: the official `kubernetes` package (the `[kubernetes]` extra: `pip install
+'vllm-drift[kubernetes]'`), imported only when this source is configured; without it a `kubernetes:`
+config is rejected with a one-line error naming the extra (`require_client`). Its
 configuration comes from `kubernetes.kubeconfig` if set, else the in-cluster service account when
 `KUBERNETES_SERVICE_HOST` is set, else `$KUBECONFIG` / `~/.kube/config`. Needs RBAC `get, list,
 watch` on pods (and on nodes for GPU hints; without it targets still come, with no GPU hint).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -155,9 +158,27 @@ def target_spec(pod: PodTarget, gpu_product: str | None, cfg: KubernetesConfig) 
         raise ValueError(f"pod {pod.namespace}/{pod.name}: {where}: {err['msg'].removeprefix('Value error, ')}") from None
 
 
+MISSING_CLIENT = ("needs the Kubernetes client, an optional extra not installed here: "
+                  "pip install 'vllm-drift[kubernetes]'")
+
+
+def require_client() -> None:
+    """Raise `ValueError(MISSING_CLIENT)` unless the `kubernetes` package can be imported (checked
+    without importing it: the config validator calls this and the client is slow to import)."""
+    try:
+        found = importlib.util.find_spec("kubernetes") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ValueError(MISSING_CLIENT)
+
+
 def _load_api(cfg: KubernetesConfig) -> Any:
     """A CoreV1Api on its own ApiClient (the global default configuration is left alone)."""
-    from kubernetes import client, config  # lazy: the daemon runs without the package otherwise
+    try:
+        from kubernetes import client, config  # lazy: the daemon runs without the package otherwise
+    except ImportError:
+        raise ValueError(MISSING_CLIENT) from None
 
     conf = client.Configuration()
     if cfg.kubeconfig:

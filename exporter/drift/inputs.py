@@ -1,14 +1,15 @@
 """`DriftInput`: everything the finding rules read about one (target, model) at one evaluation.
 
 Why a separate plain value: the rules must be pure and testable without a scraper, a window or a
-calculator, and the window and model modules are free to change shape. `exporter.evaluate`
-builds a `DriftInput` from the window summary, the latest snapshot, `/v1/models`, the target's
-hints and the calculator's predictions; the rules see only this. `None` always means "not
+calculator, and the window and model modules are free to change shape. `exporter.drift.observe`
+builds a `DriftInput` from the window summary, the latest snapshot, `/v1/models` and the target's
+`Identity`; the pipeline adds the calculator's `Prediction`; the rules see only this. `None` always means "not
 observed" (a family the server does not expose, a hint nobody gave), never zero.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from exporter.model.optimizer import Tier
 from exporter.parse.version import Version
@@ -33,6 +34,16 @@ class Prediction:
     tiers: tuple[Tier, ...] = ()                # cheapest first, meeting the SLOs at the observed load
     current_cost_per_hour: float | None = None  # $/h of the current replica (GPUs x price)
     current_max_rps: float | None = None        # sustainable request rate at the SLOs
+    # -- calibration (exporter.drift.calibration): which model the latencies come from
+    basis: str = "prior"                        # "prior" | "calibrated"
+    ttft_s: float | None = None                 # predicted TTFT at the observed load
+    prior_tpot_s: float | None = None           # the a-priori model's TPOT / TTFT there
+    prior_ttft_s: float | None = None
+    calibration_factors: Mapping[str, float] = field(default_factory=dict)
+    fit_error: float | None = None              # |relative TPOT error| of the last measurement
+    calibration_updates: int = 0                # measurements the target's pool has folded in
+    calibration_rejected: int = 0               # ... and refused for breaking physics
+    calibration_pool: str | None = None
     notes: tuple[str, ...] = ()
 
 

@@ -20,7 +20,7 @@ from exporter.errors import InputError
 from exporter.model import optimizer, perf, resolve_gpu, resolve_model
 from exporter.model.optimizer import Tier
 from exporter.model.architectures import ModelArch
-from exporter.model.gpus import GPU, GPUS
+from exporter.model.gpus import GPU, tier_names
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.setup import Setup
 from exporter.model.spec_decode import SpecConfig, gain
@@ -112,7 +112,8 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None) -> Iden
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
-                spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float]) -> Prediction:
+                spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float],
+                calibration: perf.Calibration | None = None) -> Prediction:
     """The prediction seam: given who the target is and what was observed, what the model says
     (KV capacity, TPOT at the observed load, spec-decode gains, tiers), with its `basis`."""
     traffic = {"prompt_mean": x.prompt_mean, "output_mean": x.output_mean, "prompt_p99": x.prompt_p99,
@@ -124,7 +125,24 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                    max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
                    max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
                    vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
-                   traffic={**_rounded(traffic), "spec_per_position": spec_per_position})
+                   traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
+                   calibration=calibration)
+
+
+def setup_for(ident: Identity, x: DriftInput, vllm_version: str | None) -> Setup | None:
+    """The calculator's setup of this target (None when the model or GPU is unknown, or the
+    calculator refuses it): what `predict_for` predicts from, for calibration."""
+    res = ident.resolved
+    if res.model is None or res.gpu is None:
+        return None
+    try:
+        return _setup(res.model, res.gpu, int(ident.tp), int(ident.pp), ident.quantization,
+                      _kv_dtype(x.cache_dtype), x.gpu_memory_utilization,
+                      int(x.max_model_len) if x.max_model_len else None, x.max_num_seqs,
+                      x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
+                      read_version(vllm_version))
+    except InputError:
+        return None
 
 
 def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
@@ -158,7 +176,8 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             gpu_memory_utilization: float | None, max_model_len: float | None,
             max_num_seqs: int | None, max_num_batched_tokens: int | None, block_size: float | None,
             vllm_version: str | None, traffic: Mapping[str, float | None],
-            slo: Mapping[str, float | None], prices: Mapping[str, float]) -> Prediction:
+            slo: Mapping[str, float | None], prices: Mapping[str, float],
+            calibration: perf.Calibration | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note."""
     notes = list(res.notes)
@@ -181,7 +200,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
                                 kv_cache_gib=cap.memory.kv_cache_gib, gpu_memory_gib=setup.gpu_memory_gib,
                                 fp8_kv_supported=fp8, current_cost_per_hour=cost,
                                 default_max_num_seqs=None if max_num_seqs else setup.max_num_seqs)
-    pred.update(_performance(setup, traffic, slo, prices, notes))
+    pred.update(_performance(setup, traffic, slo, prices, notes, calibration))
     return Prediction(**pred, notes=tuple(notes))
 
 
@@ -191,7 +210,8 @@ DEFAULT_SLO = {"ttft": 2.0, "tpot": 0.150}
 
 
 def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
-                 prices: Mapping[str, float], notes: list[str]) -> dict[str, Any]:
+                 prices: Mapping[str, float], notes: list[str],
+                 calibration: perf.Calibration | None = None) -> dict[str, Any]:
     """TPOT at the observed load, the replica's sustainable rate at the SLOs, the spec-decode
     speed-up and the tier ranking, from `exporter.model.perf` and `exporter.model.optimizer`."""
     out: dict[str, Any] = {}
@@ -212,14 +232,15 @@ def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping
         per_pos = traffic.get("spec_per_position")
         out.update(_latency(setup, tr, s, traffic.get("running_mean"), traffic.get("spec_k"),
                             tuple(per_pos) if per_pos else None, traffic.get("spec_draft_cost"),
-                            want_table=slo.get("tpot") is not None))
+                            want_table=slo.get("tpot") is not None, calibration=calibration))
     except (InputError, ArithmeticError, ValueError) as exc:
         notes.append(f"calculator latency: {exc}")
     if tr.arrival_rate_rps:
         try:
             tiers = _rank(setup.model, _coarse(tr), s, tuple(sorted(prices.items())), setup.quantization,
                           setup.kv_cache_dtype, setup.vllm_version, setup.gpu.name)
-            out["tiers"] = tuple(t for t in tiers if t.meets_slo)
+            # meets_slo None: no SLO given, every tier serves
+            out["tiers"] = tuple(t for t in tiers if t.meets_slo is not False)
         except (InputError, ArithmeticError, ValueError) as exc:
             notes.append(f"calculator tiers: {exc}")
     return out
@@ -246,16 +267,18 @@ CONSUMER_GPUS = ("RTX-3090-24GB", "RTX-4090-24GB")
 
 
 def _latency(setup: Setup, tr: Traffic, s: SLO, running: float | None, k: float | None,
-             per_pos: tuple[float, ...] | None, draft_cost: float | None, want_table: bool) -> dict[str, Any]:
+             per_pos: tuple[float, ...] | None, draft_cost: float | None, want_table: bool,
+             calibration: perf.Calibration | None = None) -> dict[str, Any]:
     """The latency side, in cached pieces: the costly ones (SLO-feasible capacity, TPOT per
-    batch) on the coarse traffic grid, TPOT at the running batch on the fine one."""
+    batch) on the coarse traffic grid, TPOT at the running batch on the fine one. `calibration`:
+    this server's fitted step-time factors (on a coarse grid too, so steady pools hit the cache)."""
     out: dict[str, Any] = {}
     coarse = _coarse(tr)
     if running and running >= 1:
-        out["tpot_s"] = _tpot(setup, coarse, max(1, int(round(running))))
+        out["tpot_s"] = _tpot(setup, coarse, max(1, int(round(running))), calibration)
     if want_table:
-        out["tpot_at"] = dict(_tpot_table(setup, coarse))
-    rate, b_cap = _capacity(setup, coarse, s)
+        out["tpot_at"] = dict(_tpot_table(setup, coarse, calibration))
+    rate, b_cap = _capacity(setup, coarse, s, calibration)
     out["current_max_rps"] = rate
     out["capacity_batch"] = b_cap
     if not k and running:
@@ -283,25 +306,25 @@ def _missed_gain(setup: Setup, tr: Traffic, batch: int) -> float:
 
 
 @lru_cache(maxsize=1024)
-def _tpot(setup: Setup, tr: Traffic, batch: int) -> float:
-    return float(perf.predict(setup, tr, concurrency=batch).tpot_s)
+def _tpot(setup: Setup, tr: Traffic, batch: int, cal: perf.Calibration | None = None) -> float:
+    return float(perf.predict(setup, tr, concurrency=batch, calibration=cal).tpot_s)
 
 
 @lru_cache(maxsize=256)
-def _tpot_table(setup: Setup, tr: Traffic) -> tuple[tuple[int, float], ...]:
-    return tuple((b, float(perf.predict(setup, tr, concurrency=b).tpot_s))
+def _tpot_table(setup: Setup, tr: Traffic, cal: perf.Calibration | None = None) -> tuple[tuple[int, float], ...]:
+    return tuple((b, float(perf.predict(setup, tr, concurrency=b, calibration=cal).tpot_s))
                  for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= setup.max_num_seqs)
 
 
 @lru_cache(maxsize=256)
-def _capacity(setup: Setup, tr: Traffic, s: SLO) -> tuple[float | None, int | None]:
-    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s)
+def _capacity(setup: Setup, tr: Traffic, s: SLO, cal: perf.Calibration | None = None) -> tuple[float | None, int | None]:
+    rate, b_cap, _, _ = optimizer.replica_capacity(setup, tr, s, calibration=cal)
     return (float(rate) if rate > 0 else None), (int(b_cap) if b_cap else None)
 
 
 @lru_cache(maxsize=256)
 def _rank(model: ModelArch, tr: Traffic, slo: SLO, prices: tuple[tuple[str, float], ...],
           quantization: str | None, kv_dtype: str, version: Version, current_gpu: str) -> tuple[Tier, ...]:
-    gpus = [g for g in GPUS if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
+    gpus = [g for g in tier_names() if current_gpu in CONSUMER_GPUS or g not in CONSUMER_GPUS]
     return tuple(optimizer.rank_tiers(model, tr, slo, gpus=gpus, prices=dict(prices), quantization=quantization,
                                       kv_cache_dtype=kv_dtype, vllm_version=version))

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter import __version__
+from exporter import __version__, buildinfo
 from exporter.export.render import Renderer
 from exporter.report import ModelReport, PARAMETERS
 
@@ -58,9 +58,9 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         v = self.view
-        build = InfoMetricFamily("vllm_drift_build", "vllm-drift build information.",
-                                 labels=["version"])
-        build.add_metric([__version__], {})
+        build = InfoMetricFamily("vllm_drift_build", "vllm-drift build information (revision: see exporter/buildinfo.py).",
+                                 labels=["version", "revision", "python_version"])
+        build.add_metric([__version__, buildinfo.revision(), buildinfo.python_version()], {})
         yield build
 
         up = _g("vllm_drift_target_up", "1 if the last scrape of the target succeeded, else 0.", ["target"])
@@ -142,7 +142,18 @@ class FleetCollector(Collector):
         finding = _g("vllm_drift_finding", "1 while a finding is active.", tm + ["finding", "severity"])
         fscore = _g("vllm_drift_finding_score", "Score of an active finding.", tm + ["finding"])
         pkv = _g("vllm_drift_predicted_kv_cache_tokens", "KV-cache capacity the model predicts for the setup.", tm)
-        ptpot = _g("vllm_drift_predicted_tpot_seconds", "TPOT the model predicts at the observed load.", tm)
+        ptpot = _g("vllm_drift_predicted_tpot_seconds",
+                   "TPOT the model predicts at the observed load; basis: prior (a-priori model) or "
+                   "calibrated (fitted to this server's pool).", tm + ["basis"])
+        pttft = _g("vllm_drift_predicted_ttft_seconds",
+                   "TTFT the model predicts at the observed load; basis as for TPOT.", tm + ["basis"])
+        cfac = _g("vllm_drift_model_calibration_factor",
+                  "Step-time model factor fitted online to this server's pool (absent until calibrated).",
+                  tm + ["factor"])
+        cerr = _g("vllm_drift_model_fit_error_ratio",
+                  "Relative TPOT error of the calibrated model on the last measurement it folded in.", tm)
+        crej = _g("vllm_drift_model_calibration_rejections",
+                  "Measurements of this server's pool refused because the fit would leave physics.", tm)
         ratio = _g("vllm_drift_observed_to_predicted_kv_cache_ratio",
                    "Observed KV-cache capacity divided by the predicted one.", tm)
         status = _g("vllm_drift_evaluation_status",
@@ -173,10 +184,19 @@ class FleetCollector(Collector):
                 if r.predicted_kv_cache_tokens is not None:
                     pkv.add_metric(key, r.predicted_kv_cache_tokens)
                 if r.predicted_tpot_seconds is not None:
-                    ptpot.add_metric(key, r.predicted_tpot_seconds)
+                    ptpot.add_metric(key + [r.prediction_basis], r.predicted_tpot_seconds)
+                if r.predicted_ttft_seconds is not None:
+                    pttft.add_metric(key + [r.prediction_basis], r.predicted_ttft_seconds)
+                if r.calibration:
+                    for name, value in sorted(r.calibration["factors"].items()):
+                        cfac.add_metric(key + [name], value)
+                    if r.calibration["fit_error"] is not None:
+                        cerr.add_metric(key, r.calibration["fit_error"])
+                    crej.add_metric(key, r.calibration["rejected"])
                 if r.observed_kv_cache_tokens_ratio is not None:
                     ratio.add_metric(key, r.observed_kv_cache_tokens_ratio)
-        yield from (mis, conf, rec, kvp, idle, tier, waste, finding, fscore, pkv, ptpot, ratio, status)
+        yield from (mis, conf, rec, kvp, idle, tier, waste, finding, fscore, pkv, ptpot, pttft, cfac, cerr,
+                    crej, ratio, status)
 
 
 class Exposition:

@@ -2,7 +2,8 @@
 
 `/metrics` returns bytes rendered at the end of the last cycle; `/api/v1/findings` a JSON document
 built at the same time. TLS (optionally requiring client certificates) and basic auth with bcrypt
-hashes follow Prometheus' web configuration; `/-/healthy` may stay open by choice.
+hashes follow Prometheus' web configuration; `/-/healthy` may stay open by choice. `/` is a status
+page (export/status_page.py) built from the same two documents, behind the same TLS and auth.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import base64
 import gzip
 import hashlib
 import hmac
-import html
 import json
 import socket
 import ssl
@@ -20,14 +20,17 @@ from typing import Callable
 
 import structlog
 
-from exporter import __version__
+from exporter import __version__, buildinfo
 from exporter.config import WebConfig
+from exporter.export import status_page
 from exporter.export.findings import QueryError, parse_query
 
 log = structlog.get_logger("vllm_drift.http")
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 INLINE_GZIP_MAX = 256 * 1024   # larger /metrics bodies are gzipped once per publish, off the request path
+# The status page runs no script and loads nothing: its inline stylesheet is all it may use.
+PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
 
 class Published:
@@ -113,21 +116,8 @@ class Authenticator:
         return ok
 
 
-LANDING = """<!doctype html>
-<html><head><meta charset="utf-8"><title>vllm-drift</title></head>
-<body><h1>vllm-drift {version}</h1>
-<p>Prometheus exporter and drift detector for vLLM fleets.</p>
-<ul>
-<li><a href="metrics">/metrics</a> — Prometheus metrics</li>
-<li><a href="api/v1/findings">/api/v1/findings</a> — findings and recommendations (JSON)</li>
-<li><a href="api/v1/targets">/api/v1/targets</a> — targets and their scrape state (JSON)</li>
-<li><a href="-/healthy">/-/healthy</a> · <a href="-/ready">/-/ready</a></li>
-</ul></body></html>
-"""
-
-
 def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
-    landing = LANDING.format(version=html.escape(__version__)).encode()
+    status = status_page.Cached(version=__version__, revision=buildinfo.revision())
 
     class Handler(BaseHTTPRequestHandler):
         server_version = f"vllm-drift/{__version__}"
@@ -197,7 +187,8 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
                 code, body = pub.api_document(path.rsplit("/", 1)[1], self.path.partition("?")[2])
                 self._send(code, body, "application/json")
             elif path == "/":
-                self._send(200, landing, "text/html; charset=utf-8")
+                page = status.page(pub.findings, pub.targets)
+                self._send(200, page, "text/html; charset=utf-8", {"Content-Security-Policy": PAGE_CSP})
             else:
                 self._send(404, b"Not found\n", "text/plain; charset=utf-8")
 

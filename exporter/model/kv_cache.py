@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from exporter.errors import InputError
 from exporter.model.architectures import (CHUNKED, FULL, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM,
                                           SLIDING, ModelArch)
-from exporter.model.setup import SMALL_SAMPLER, TOKENS_FROM_CONCURRENCY, Setup
+from exporter.model.setup import (DEVICE_WIDE_NON_TORCH_BEFORE, SMALL_SAMPLER,
+                                   TOKENS_FROM_CONCURRENCY, Setup)
 
 GIB = 1024**3
 
@@ -55,6 +56,11 @@ CALIBRATION = {
     "non_torch_pp_gib": 0.07,
     "non_torch_tp_nvswitch_gib": 2.12,   # NCCL NVLS buffers on NVSwitch systems (H100/H200/B200)
     "non_torch_tp_pcie_gib": 0.45,       # PCIe / NVLink-bridge GPUs: no NVLS [estimate]
+    # V0 before v0.6.4 counted everything on the device: the CUDA context (init_used_gib of a
+    # TP1 row in kv-memory-breakdown.csv, 0.51) and NCCL's init buffers (init_used 1.53 at TP2
+    # minus the context)
+    "cuda_context_gib": 0.51,
+    "nccl_init_gib": 1.02,
     # share of a multimodal tower's weights every TP rank holds in full (patch embeddings,
     # norms, position tables, layers without a TP split); Kimi-VL and Mistral-Small w8a8 at TP2
     "tower_replicated_share": 0.3,
@@ -175,6 +181,19 @@ def _stage_layers(num_layers: int, pp: int) -> list[int]:
     return parts
 
 
+def _expert_share(setup: Setup) -> float:
+    """Share of one MoE layer's routed-expert weights the limiting rank holds.
+
+    vLLM spreads the experts over tp x dp ranks (`FusedMoEParallelConfig.make` flattens TP
+    across DP). Without --enable-expert-parallel each expert is tensor-split (1/(tp*dp) of
+    every expert); with it each rank owns whole experts, E // ep plus one of the remainder on
+    the first ranks (`determine_expert_map`), so the limiting rank holds ceil(E / ep)."""
+    m, ranks = setup.model, setup.moe_ranks
+    if setup.expert_parallel and ranks > 1 and m.num_experts:
+        return math.ceil(m.num_experts / ranks) / m.num_experts
+    return 1.0 / ranks
+
+
 def weights_bytes(setup: Setup, stage: int = 0) -> float:
     """Bytes of weights on one rank of PP stage `stage`."""
     m, tp, pp = setup.model, setup.tp, setup.pp
@@ -182,22 +201,24 @@ def weights_bytes(setup: Setup, stage: int = 0) -> float:
     linear, experts, other = m.layer_params()
     q = setup.quantization
     qbytes = QUANT_BYTES_PER_PARAM.get(q) if q else None
+    dense = linear - experts
+    eshare = _expert_share(setup)
     if q == "mxfp4":  # gpt-oss: only the routed experts are MXFP4; vLLM's MXFP4 MoE (Marlin
         # layout) pads the per-rank intermediate size to 128 and the hidden size to 256
         # (mxfp4.py create_weights; matches gpt-oss-20b's 7.01 GiB per rank at TP2)
-        dense = linear - experts
-        per_rank = m.moe_intermediate_size / tp
+        split = 1 if setup.expert_parallel else setup.moe_ranks
+        per_rank = m.moe_intermediate_size / split
         pad = (math.ceil(per_rank / 128) * 128 / per_rank) if per_rank else 1.0
         pad *= math.ceil(m.hidden_size / 256) * 256 / m.hidden_size
-        linear_bytes = dense * native + experts * qbytes * pad
+        linear_bytes = dense * native / tp + experts * qbytes * pad * eshare
     elif qbytes is not None:
-        linear_bytes = linear * qbytes
+        linear_bytes = dense * qbytes / tp + experts * qbytes * eshare
     else:
-        linear_bytes = linear * native
+        linear_bytes = dense * native / tp + experts * native * eshare
     share = _stage_layers(m.num_layers, pp)[stage] / m.num_layers
     padded_vocab = math.ceil(m.vocab_size / (64 * tp)) * 64 * tp
     emb = padded_vocab * m.hidden_size * native
-    total = (linear_bytes / tp + other * native) * share
+    total = (linear_bytes + other * native) * share
     if stage == 0:
         share_rep = CALIBRATION["tower_replicated_share"]
         total += emb / tp + m.extra_params * native * (share_rep + (1 - share_rep) / tp)
@@ -206,7 +227,29 @@ def weights_bytes(setup: Setup, stage: int = 0) -> float:
             total += emb / tp
     # the rotary cos/sin cache, [max_position_embeddings, rotary_dim] in the model dtype, on
     # every rank (2.5 GiB for Llama 4's 10M positions: its "Model loading took" 53.12 GiB at TP4)
+    total *= _checkpoint_scale(setup)
     return total + m.max_position_embeddings * m.rotary_dim * native
+
+
+def _checkpoint_scale(setup: Setup) -> float:
+    """Exact checkpoint size over the size derived from config fields, when the architecture
+    carries the safetensors byte count (`weight_bytes`, read defensively: the field is added by
+    model resolution) and the weights load as stored (no runtime quantization, native dtype).
+    The per-rank split stays the derived one; only the total is corrected."""
+    m = setup.model
+    exact = getattr(m, "weight_bytes", None)
+    if not exact or setup.quantization != m.quantization or setup.dtype != m.native_dtype:
+        return 1.0
+    linear, experts, other = m.layer_params()
+    q = QUANT_BYTES_PER_PARAM.get(m.quantization) if m.quantization else None
+    native = setup.dtype_bytes
+    if m.quantization == "mxfp4":
+        lin = (linear - experts) * native + experts * q
+    else:
+        lin = linear * (q if q is not None else native)
+    emb = m.vocab_size * m.hidden_size * native * (1 if m.tie_word_embeddings else 2)
+    derived = lin + (other + m.extra_params) * native + emb
+    return float(exact) / derived if derived > 0 else 1.0
 
 
 def activation_bytes(setup: Setup, stage: int = 0) -> float:
@@ -223,8 +266,10 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     forward = tokens * c["forward_bytes_per_token_inter"] * inter / tp * scale
     moe_ws = 0.0
     if m.is_moe and setup.quantization != "mxfp4":  # the MXFP4 MoE kernels keep no workspace
+        # per-rank expert width: whole experts under EP, 1/(tp x dp) of each otherwise
+        inter_rank = m.moe_intermediate_size / (1 if setup.expert_parallel else setup.moe_ranks)
         moe_ws = (c["moe_workspace_bytes"] * tokens * m.experts_per_token
-                  * (2 * m.moe_intermediate_size / tp + m.hidden_size))
+                  * (2 * inter_rank + m.hidden_size))
     if stage != setup.pp - 1:
         return forward
     rows = min(setup.max_num_seqs, tokens)
@@ -238,13 +283,26 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     return max(forward, sampler + moe_ws)
 
 
+def _nvswitch(setup: Setup) -> bool:
+    gpu = setup.gpu
+    link = str(getattr(gpu, "interconnect", "") or "")
+    return link.startswith("NVLink") and float(getattr(gpu, "interconnect_gbps", 0) or 0) >= 900
+
+
 def non_torch_bytes(setup: Setup) -> float:
+    """Memory outside torch's allocator that the profile counts (NCCL and custom all-reduce
+    buffers, cuBLAS workspaces). Ranks that exchange MoE tokens across DP engines (dp > 1 on a
+    MoE model) hold the same communicator buffers as TP ranks."""
     c = CALIBRATION
+    comm = setup.tp > 1 or (setup.dp > 1 and setup.model.is_moe)
+    if setup.vllm_version < DEVICE_WIDE_NON_TORCH_BEFORE:
+        # device-wide accounting: the CUDA context and NCCL's init-time buffers count too
+        base = c["cuda_context_gib"] + (c["nccl_init_gib"] if comm else 0.0)
+        return (base + (c["non_torch_tp_pre017_gib"] if comm else c["non_torch_single_pre017_gib"])) * GIB
     if setup.vllm_version < SMALL_SAMPLER:
-        return (c["non_torch_tp_pre017_gib"] if setup.tp > 1 else c["non_torch_single_pre017_gib"]) * GIB
-    if setup.tp > 1:
-        nvswitch = setup.gpu.interconnect.startswith("NVLink") and setup.gpu.interconnect_gbps >= 900
-        return (c["non_torch_tp_nvswitch_gib"] if nvswitch else c["non_torch_tp_pcie_gib"]) * GIB
+        return (c["non_torch_tp_pre017_gib"] if comm else c["non_torch_single_pre017_gib"]) * GIB
+    if comm:
+        return (c["non_torch_tp_nvswitch_gib"] if _nvswitch(setup) else c["non_torch_tp_pcie_gib"]) * GIB
     if setup.pp > 1:
         return c["non_torch_pp_gib"] * GIB
     return c["non_torch_single_gib"] * GIB
@@ -255,7 +313,7 @@ def cudagraph_bytes(setup: Setup) -> float:
     if not setup.cudagraph_estimate_subtracted:
         return 0.0
     c = CALIBRATION
-    if setup.tp > 1:
+    if setup.tp > 1 or (setup.dp > 1 and setup.model.is_moe):
         return c["cudagraph_tp_gib"] * GIB
     return (c["cudagraph_pp_gib"] if setup.pp > 1 else c["cudagraph_single_gib"]) * GIB
 

@@ -66,13 +66,13 @@ def _ctx(traffic: Traffic) -> float:
 
 
 def tpot_batch_limit(setup: Any, traffic: Traffic, tpot_slo: float, upper: int,
-                     spec: SpecConfig | None = None) -> int:
+                     spec: SpecConfig | None = None, calibration: Any = None) -> int:
     """Largest closed-loop batch whose predicted TPOT meets the SLO (0 if even 1 does not).
 
     TPOT here is the mean; the p99 SLO is met with the mean kept under it, since decode steps of
     a fixed mix vary little (the spread comes from prefill chunks, which the mean includes)."""
     def ok(b: int) -> bool:
-        return predict(setup, traffic, concurrency=b, spec=spec).tpot_s <= tpot_slo
+        return predict(setup, traffic, concurrency=b, spec=spec, calibration=calibration).tpot_s <= tpot_slo
     if not ok(1):
         return 0
     if ok(upper):
@@ -180,10 +180,11 @@ class Tier:
     replicas: int
     dollars_per_hour: float
     dollars_per_million_tokens: float | None
-    meets_slo: bool
+    meets_slo: bool | None       # None: no SLO was given, so nothing to meet
     max_num_seqs: int
     replica_rate_rps: float      # SLO-feasible requests/s of one replica
     why: str
+    current: bool = False        # the GPU x TP the question was asked about
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "tp": self.tp, "replicas": self.replicas,
@@ -191,11 +192,14 @@ class Tier:
                 "dollars_per_million_tokens": (None if self.dollars_per_million_tokens is None
                                                else round(self.dollars_per_million_tokens, 4)),
                 "meets_slo": self.meets_slo, "max_num_seqs": self.max_num_seqs,
-                "replica_rate_rps": round(self.replica_rate_rps, 4), "why": self.why}
+                "replica_rate_rps": round(self.replica_rate_rps, 4), "why": self.why,
+                "current": self.current}
 
 
-def replica_capacity(setup: Any, traffic: Traffic, slo: SLO) -> tuple[float, int, Prediction | None, str]:
+def replica_capacity(setup: Any, traffic: Traffic, slo: SLO,
+                     calibration: Any = None) -> tuple[float, int, Prediction | None, str]:
     """(SLO-feasible requests/s of one replica, its max_num_seqs, the prediction there, why).
+    `calibration`: step-time factors fitted to this server (`exporter.model.calibrate`).
 
     The batch is the largest meeting the TPOT SLO and fitting the KV pool; at that batch the
     closed-loop throughput is the replica's rate, provided the TTFT SLO holds there (else the
@@ -209,16 +213,16 @@ def replica_capacity(setup: Any, traffic: Traffic, slo: SLO) -> tuple[float, int
     b = min(kv_b, setup.max_num_seqs)
     why = "KV capacity" if kv_b < setup.max_num_seqs else "max_num_seqs"
     if slo.tpot_p99_s is not None:
-        lim = tpot_batch_limit(setup, traffic, slo.tpot_p99_s, b)
+        lim = tpot_batch_limit(setup, traffic, slo.tpot_p99_s, b, calibration=calibration)
         if lim == 0:
-            return 0.0, 0, predict(setup, traffic, concurrency=1), "TPOT SLO missed at batch 1"
+            return 0.0, 0, predict(setup, traffic, concurrency=1, calibration=calibration), "TPOT SLO missed at batch 1"
         if lim < b:
             b, why = lim, "TPOT SLO"
-    p = predict(setup, traffic, concurrency=b)
+    p = predict(setup, traffic, concurrency=b, calibration=calibration)
     while slo.ttft_p99_s is not None and p.ttft_p99_s > slo.ttft_p99_s and b > 1:
         b = max(b // 2, 1)
         why = "TTFT SLO"
-        p = predict(setup, traffic, concurrency=b)
+        p = predict(setup, traffic, concurrency=b, calibration=calibration)
     if slo.ttft_p99_s is not None and p.ttft_p99_s > slo.ttft_p99_s:
         return 0.0, b, p, "TTFT SLO missed at batch 1"
     return p.requests_per_s, b, p, why
@@ -234,53 +238,73 @@ def rank_tiers(model: Any, traffic: Traffic, slo: SLO | None = None, *,
                gpus: Iterable[str] | None = None, tps: Iterable[int] = (1, 2, 4, 8),
                prices: Mapping[str, float] | None = None, quantization: str | None = None,
                kv_cache_dtype: str = "auto", vllm_version: Any = None, max_model_len: int | None = None,
-               concurrency_rate: float | None = None, limit: int | None = None) -> list[Tier]:
-    """Every GPU x TP that holds the model, cheapest first among those meeting the SLOs.
+               concurrency_rate: float | None = None, limit: int | None = None,
+               current: tuple[str, int] | None = None) -> list[Tier]:
+    """Every GPU x TP that holds the model, sorted by $/million output tokens (tiers that miss a
+    given SLO last). `meets_slo` is None when no SLO was given. `current` (GPU name, TP) is always
+    a row, marked, even past `limit` or when it cannot hold the model.
 
     Load: the traffic's arrival rate (or `concurrency_rate`, a rate derived elsewhere from an
     observed concurrency). Without one, each tier is sized for one replica and compared by
     $/million output tokens at its SLO-feasible rate. `prices` ($/GPU-hour) override the catalog."""
-    from exporter.model.gpus import GPUS, resolve_gpu
+    from exporter.model.gpus import GPUS, resolve_gpu, tier_names
     from exporter.model.setup import Setup
 
     slo = slo or SLO()
     prices = {resolve_gpu(k).name: float(v) for k, v in (prices or {}).items()}
-    names = [resolve_gpu(g).name for g in gpus] if gpus is not None else list(GPUS)
+    names = [resolve_gpu(g).name for g in gpus] if gpus is not None else tier_names()
+    has_slo = slo.ttft_p99_s is not None or slo.tpot_p99_s is not None
+    cur = (resolve_gpu(current[0]).name, int(current[1])) if current else None
+    extra_gpu = bool(cur and cur[0] not in names)
+    if extra_gpu:
+        names.append(cur[0])
+    tps = tuple(tps)
     load = concurrency_rate if concurrency_rate is not None else _load_rps(traffic)
     mml = max_model_len or round_model_len(traffic.prompt_p99 + traffic.output_p99)
     out: list[Tier] = []
     for name in names:
         gpu = GPUS[name]
         price = prices.get(name, gpu.dollars_per_hour)
-        for tp in tps:
+        if cur and name == cur[0]:
+            tp_list = [cur[1]] if extra_gpu else sorted(set(tps) | {cur[1]})
+        else:
+            tp_list = list(tps)
+        for tp in tp_list:
+            is_cur = cur == (name, tp)
             try:
                 setup = Setup.build(model, gpu, tp=tp, quantization=quantization,
                                     kv_cache_dtype=kv_cache_dtype, vllm_version=vllm_version,
                                     max_model_len=min(mml, _arch(model).max_position_embeddings))
-            except InputError:
+            except InputError as exc:
+                if is_cur:
+                    out.append(Tier(name, tp, 0, 0.0, None, False, 0, 0.0, str(exc), current=True))
                 continue
             if tp > 1 and setup.model.num_heads % tp:
+                if is_cur:
+                    out.append(Tier(name, tp, 0, 0.0, None, False, 0, 0.0,
+                                    "attention heads not divisible by TP", current=True))
                 continue  # vLLM needs attention heads divisible by TP
             rate, b, p, why = replica_capacity(setup, traffic, slo)
             if rate <= 0:
-                if p is None:
+                if p is None and not is_cur:
                     continue  # does not hold the model with room for one request
-                out.append(Tier(name, tp, 0, 0.0, None, False, b, 0.0, why))
+                out.append(Tier(name, tp, 0, 0.0, None, False, b, 0.0, why, current=is_cur))
                 continue
             replicas = max(1, math.ceil(load / (rate * LOAD_HEADROOM))) if load else 1
             dph = price * tp * replicas
             served = (load if load else rate) * traffic.output_tokens_mean
             dpm = dph / (served * 3600.0) * 1e6 if served > 0 else None
-            out.append(Tier(name, tp, replicas, dph, dpm, True, b, rate,
-                            f"batch {b} bound by {why}; {rate:.2f} req/s per replica"))
-    # among equal SLO status: cheapest per hour when sized for a load, else cheapest per token
-    if load:
-        out.sort(key=lambda t: (not t.meets_slo, t.dollars_per_hour if t.meets_slo else math.inf,
-                                t.dollars_per_million_tokens or math.inf))
-    else:
-        out.sort(key=lambda t: (not t.meets_slo, t.dollars_per_million_tokens or math.inf,
-                                t.dollars_per_hour))
-    return out[:limit] if limit else out
+            out.append(Tier(name, tp, replicas, dph, dpm, True if has_slo else None, b, rate,
+                            f"batch {b} bound by {why}; {rate:.2f} req/s per replica", current=is_cur))
+    # cheapest per million output tokens first; with a load, $/Mtok is $/hour over the same
+    # tokens, so the order is also the cheapest per hour. Tiers that cannot serve come last.
+    out.sort(key=lambda t: (t.meets_slo is False, t.dollars_per_million_tokens is None,
+                            t.dollars_per_million_tokens or math.inf, t.dollars_per_hour))
+    if limit and len(out) > limit:
+        head = out[:limit]
+        head += [t for t in out[limit:] if t.current]
+        return head
+    return out
 
 
 def _arch(model: Any) -> Any:

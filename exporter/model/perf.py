@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 from exporter.errors import InputError
+from exporter.model.gpus import find_gpu
 
 # ---------------------------------------------------------------------------------------------
 # Calibration: efficiency factors per GPU class
@@ -45,6 +46,16 @@ class Calibration:
                   waits behind (arrivals cluster when lengths are fixed)
     ttft_prefill_factor  a request's own prefill as its client sees it, relative to the prefill's
                   share of a busy mixed step (first-chunk scheduling, no overlap with decode)
+    per_seq_s     host (CPU) cost per running request per step: input preparation, sampling
+                  bookkeeping, output processing; not split over TP (one scheduler process)
+    moe_bw_eff    share of `bw_eff` the fused-MoE kernel reaches reading routed-expert weights
+                  (times the weight format's MOE_FORMAT_EFF below)
+    ref_bw_tbps   HBM bandwidth the class's `per_token_s` was measured at: the per-token GPU work
+                  (norms, rotary, activation, sampler prep) is bandwidth-bound, so another GPU's
+                  per-token cost scales with ref_bw / its bandwidth, and with 1/TP
+
+    The step-time factors (what an online calibration fits, issue 15) are STEP_FACTORS; the
+    TTFT/queueing factors are TTFT_FACTORS.
     """
 
     gpu_class: str
@@ -61,6 +72,24 @@ class Calibration:
     queue_factor: float
     ttft_prefill_factor: float
     source: str
+    per_seq_s: float = 0.0
+    moe_bw_eff: float = 1.0
+    ref_bw_tbps: float = 3.35
+
+
+# the free factors of the step-time model, few and physical (fitted per GPU class offline by
+# benchmarks/accuracy_latency.py --fit, online by the calibration of issue 15)
+STEP_FACTORS = ("bw_eff", "flops_eff_bf16", "flops_eff_fp8", "flops_eff_fp4", "moe_flops_eff",
+                "moe_bw_eff", "step_overhead_s", "per_seq_s", "per_token_s", "layer_sync_s")
+TTFT_FACTORS = ("ttft_steps", "ttft_fixed_s", "queue_factor", "ttft_prefill_factor")
+
+# Relative efficiency of vLLM's fused-MoE kernel per expert weight format, against the MXFP4
+# kernel the Hopper `moe_bw_eff` was fitted on (gpt-oss-120b rows). FP8 experts run the
+# block-scaled (128x128) Triton/CUTLASS fused_moe, which reads scales per block and reaches a
+# lower share of HBM bandwidth at decode batch sizes: prior from issue 14's held-out report
+# (FP8 MoE predicted ~1.5x too fast with the dense bandwidth) -> 1/1.5. 16-bit and int4
+# (Marlin MoE) experts: no measurement, prior between the two [unverified].
+MOE_FORMAT_EFF = {"mxfp4": 1.0, "fp8": 0.67, "bf16": 0.85, "int4": 0.85}
 
 
 _FIT_SOURCE = ("Nelder-Mead fit of the objective in benchmarks/accuracy_latency.py (--fit reruns it) on "
@@ -69,26 +98,48 @@ _FIT_SOURCE = ("Nelder-Mead fit of the objective in benchmarks/accuracy_latency.
 # Hopper is the only class with measured rows; the others start from the Hopper factors (the
 # physics — bandwidth, peak FLOPs, link — differs per GPU through the catalog) and say so.
 CALIBRATIONS: dict[str, Calibration] = {
-    # fitted 2026-11-22 on 258 rows (H100-SXM: Qwen3-32B bf16/fp8, Llama-3.1-70B fp8,
-    # gpt-oss-120b mxfp4; H200-SXM: Llama-3.1-70B fp8; c <= 256). FP4 GEMMs have no Hopper rows:
-    # the FP8 factor stands in for them on Blackwell.
-    "hopper": Calibration("hopper", bw_eff=0.889, flops_eff_bf16=0.592, flops_eff_fp8=0.689,
-                          flops_eff_fp4=0.689, step_overhead_s=1.11e-3, layer_sync_s=28.2e-6,
-                          per_token_s=7.8e-6, ttft_steps=4.03, ttft_fixed_s=0.0,
-                          moe_flops_eff=0.712, queue_factor=0.0413, ttft_prefill_factor=1.117,
-                          source=_FIT_SOURCE),
+    # refitted 2026-11-25 on 258 rows (H100-SXM: Qwen3-32B bf16/fp8, Llama-3.1-70B fp8,
+    # gpt-oss-120b mxfp4; H200-SXM: Llama-3.1-70B fp8; c <= 256) with the per-token cost split
+    # over TP, a per-request host cost and token-based admission. Cross-validated figures:
+    # `python benchmarks/accuracy_latency.py --cv`. FP4 GEMMs have no Hopper rows: the FP8
+    # factor stands in for them.
+    "hopper": Calibration("hopper", bw_eff=0.913, flops_eff_bf16=0.532, flops_eff_fp8=0.701,
+                          flops_eff_fp4=0.701, step_overhead_s=1.056e-3, layer_sync_s=30.6e-6,
+                          per_token_s=8.98e-6, ttft_steps=3.82, ttft_fixed_s=0.0,
+                          moe_flops_eff=0.518, queue_factor=0.0447, ttft_prefill_factor=1.22,
+                          source=_FIT_SOURCE, per_seq_s=0.63e-6, moe_bw_eff=1.0,
+                          ref_bw_tbps=3.35),
+    # Blackwell (B200/B300/GB200, RTX PRO 6000): no measured rows here, so not Hopper's numbers
+    # stretched but each factor carried over by what it physically is:
+    # - host costs (step_overhead_s, per_seq_s) and the all-reduce latency (layer_sync_s,
+    #   vLLM's one-shot custom all-reduce over NVLink) do not depend on the GPU generation;
+    # - per_token_s is GPU small-kernel work: it scales with bandwidth through ref_bw_tbps
+    #   (kept at Hopper's reference, so a B200 at 8 TB/s pays 3.35/8 of it);
+    # - efficiencies are shares of Blackwell's own datasheet peaks; the GEMM shares are lower
+    #   than Hopper's because the same serving batch fills a 2.25x larger tensor-core array
+    #   less (prior: Hopper's x 0.8 [unverified, to be fitted online, issue 15]); HBM3e
+    #   bandwidth share as Hopper's HBM3 [unverified]; FP4 GEMMs (tcgen05) as FP8.
+    "blackwell": Calibration("blackwell", bw_eff=0.913, flops_eff_bf16=0.43, flops_eff_fp8=0.56,
+                             flops_eff_fp4=0.56, step_overhead_s=1.056e-3, layer_sync_s=30.6e-6,
+                             per_token_s=8.98e-6, ttft_steps=3.82, ttft_fixed_s=0.0,
+                             moe_flops_eff=0.518, queue_factor=0.0447, ttft_prefill_factor=1.22,
+                             source="prior: Hopper fit carried over factor by factor (no Blackwell rows)",
+                             per_seq_s=0.63e-6, moe_bw_eff=1.0, ref_bw_tbps=3.35),
 }
 _UNFITTED_NOTE = "no measured rows for this class: Hopper factors applied to its own datasheet"
 
 
 def gpu_class(gpu_name: str, vendor: str = "nvidia") -> str:
     """Architecture family of a catalog GPU (what the efficiency factors are shared across)."""
+    row = find_gpu(gpu_name)
+    if row is not None and row.arch != "unknown":
+        return row.arch          # the catalog's `arch` (volta ... blackwell, cdna2 ... cdna4)
     n = gpu_name.upper()
     if vendor == "amd" or n.startswith("MI"):
         return "cdna3"
     if n.startswith(("H100", "H200", "GH200")):
         return "hopper"
-    if n.startswith(("B200", "B100", "GB200", "RTX-PRO-6000")):
+    if n.startswith(("B200", "B100", "B300", "GB200", "GB300", "RTX-PRO-6000")):
         return "blackwell"
     if n.startswith(("A100", "A10", "RTX-3090", "A40")):
         return "ampere"
@@ -139,6 +190,9 @@ class Shape:
     compute_dtype: str             # "bf16" | "fp8" | "fp4"
     gpu_name: str
     gpu_vendor: str
+    expert_kernel_eff: float = 1.0  # MOE_FORMAT_EFF of the expert weight format
+    allreduce_hops: float = 1.0     # latency multiple of one all-reduce: 1 with vLLM's one-shot
+                                    # custom all-reduce, tp-1 for NCCL's ring on >2 PCIe GPUs
 
 
 def _flops_eff(cal: Calibration, shape: Shape) -> float:
@@ -158,11 +212,13 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     tokens = b * tokens_per_seq + prefill_tokens
     if tokens <= 0:
         return 0.0
-    # memory: weights (MoE: only the experts some token routes to) + KV of every context token
+    # memory: weights (MoE: only the experts some token routes to, read by the fused-MoE kernel
+    # at its own efficiency) + KV of every context token
     w = shape.dense_weight_bytes
+    w_exp = 0.0
     if shape.n_experts:
         miss = 1.0 - shape.experts_per_token / shape.n_experts
-        w += shape.expert_weight_bytes * (1.0 - miss ** tokens)
+        w_exp = shape.expert_weight_bytes * (1.0 - miss ** tokens)
     ctx_per_seq = decode_context_tokens / b if b else 0.0
     kv = decode_context_tokens * shape.kv_bytes_per_ctx_token
     if shape.swa_kv_bytes_per_token:
@@ -170,7 +226,10 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     kv += prefill_context_tokens * (shape.kv_bytes_per_ctx_token + shape.swa_kv_bytes_per_token)
     if shape.state_bytes_per_seq:
         kv += 2.0 * b * shape.state_bytes_per_seq
-    t_mem = (w + kv) / (cal.bw_eff * shape.bw_bytes_per_s)
+    bw = cal.bw_eff * shape.bw_bytes_per_s
+    t_mem = (w + kv) / bw
+    if w_exp:
+        t_mem += w_exp / (bw * cal.moe_bw_eff * shape.expert_kernel_eff)
     # compute: GEMMs over all tokens + attention (decode: each query token over its context;
     # prefill: causal over the chunk plus the already-computed prefix)
     flops = shape.flops_per_token * tokens
@@ -182,9 +241,13 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
         flops += prefill_tokens * (span * shape.attn_flops_per_ctx_token
                                    + min(span, shape.swa_window) * shape.swa_attn_flops_per_ctx_token)
     t_cmp = flops / (_flops_eff(cal, shape) * shape.peak_flops)
-    t = max(t_mem, t_cmp) + cal.step_overhead_s + cal.per_token_s * tokens
+    # host: a fixed cost plus one per request in the batch; GPU small kernels: per token, on
+    # this rank's slice (split over TP), at this GPU's bandwidth relative to the class reference
+    seqs = b + (1.0 if prefill_tokens else 0.0)
+    per_token = cal.per_token_s * (cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s) / shape.tp
+    t = (max(t_mem, t_cmp) + cal.step_overhead_s + cal.per_seq_s * seqs + per_token * tokens)
     if shape.tp > 1:
-        per_ar = cal.layer_sync_s + (2.0 * (shape.tp - 1) / shape.tp * tokens
+        per_ar = cal.layer_sync_s * shape.allreduce_hops + (2.0 * (shape.tp - 1) / shape.tp * tokens
                                      * shape.allreduce_bytes_per_token / shape.link_bytes_per_s)
         t += 2 * shape.n_layers * per_ar
     return t
@@ -314,9 +377,24 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
             # When max_num_seqs is the limit, nothing is preempted and all of it is before the
             # first token.
             total_wait = (clients / capacity - 1.0) * r_own
-            before = prompt_new / (prompt_new + out) if kv_slots < max_seqs else 1.0
-            queue = before * total_wait
-            stall = (1.0 - before) * total_wait
+            before = 1.0
+            if kv_slots < max_seqs:
+                # V1 admits by blocks, not requests: a waiting request starts once the blocks
+                # of its prompt are free (`allocate_slots` for its first chunk), and decodes
+                # that outgrow the pool preempt the newest running request, which has had its
+                # first token (v1/core/sched/scheduler.py). So a client waits before its first
+                # token only for the part of the excess demand its prompt alone cannot fit in:
+                # (clients x prompt - pool) of (clients x footprint - pool), in tokens
+                demand_prompt = clients * (prompt_new + block_size) - (kv_tokens - shared)
+                demand_all = clients * footprint - (kv_tokens - shared)
+                before = min(max(demand_prompt / demand_all, 0.0), 1.0) if demand_all > 0 else 0.0
+            # a preempted request goes back to the FRONT of the queue and is re-admitted as soon
+            # as blocks free up, so its stalls cannot exceed what the running set's own decode
+            # takes (one step's worth per output token); past that bound the overload is
+            # clients waiting for their first admission (the c=512 sweeps: TTFT of minutes,
+            # clean TPOT)
+            stall = min((1.0 - before) * total_wait, steps_out * tbar)
+            queue = total_wait - stall
             saturated = True
         x = min(clients, capacity) / r_own
     elif saturated:
@@ -409,6 +487,15 @@ def shape_for(setup: Any) -> Shape:
     cd = compute_dtype(setup)
     gpu = setup.gpu
     swa_bytes = per_layer * n_swa
+    q = setup.quantization
+    fmt = ("mxfp4" if q in _FP4_SCHEMES else "fp8" if q in _FP8_SCHEMES
+           else "int4" if q in ("gptq", "awq", "w4a16", "w8a16", "gptq-int8") else "bf16")
+    # vLLM's custom all-reduce (one shot over NVLink/P2P) is off on more than two PCIe-only GPUs
+    # ("Custom allreduce is disabled because it's not supported on more than two PCIe-only
+    # GPUs", distributed/device_communicators/custom_all_reduce.py); NCCL's ring then pays a
+    # latency per hop
+    link = str(getattr(gpu, "interconnect", "") or "")
+    hops = 1.0 if (link.startswith(("NVLink", "Infinity")) or tp <= 2) else float(tp - 1)
     return Shape(
         dense_weight_bytes=dense,
         expert_weight_bytes=expert_bytes,
@@ -430,6 +517,8 @@ def shape_for(setup: Any) -> Shape:
         compute_dtype=cd,
         gpu_name=gpu.name,
         gpu_vendor=gpu.vendor,
+        expert_kernel_eff=MOE_FORMAT_EFF[fmt],
+        allreduce_hops=hops,
     )
 
 
@@ -505,7 +594,8 @@ def kv_tokens_for(setup: Any) -> float:
 
 
 def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
-            rate: float | None = None, spec: Any = None) -> Prediction:
+            rate: float | None = None, spec: Any = None,
+            calibration: Calibration | None = None) -> Prediction:
     """Latency and throughput of `setup` under `traffic`.
 
     concurrency: closed loop (that many clients, each sending its next request when the last one
@@ -513,6 +603,8 @@ def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
     (requests/s). Neither: the traffic's own concurrency or rate, else one client.
     spec: an optional `spec_decode.SpecConfig` (tokens gained and verified per step); the
     traffic's observed acceptance only describes the drafts, whether speculation runs is this.
+    calibration: factors fitted to measurements (`exporter.model.calibrate`) instead of the GPU
+    class's a-priori ones.
     """
     if concurrency is None and rate is None:
         concurrency = traffic.concurrency
@@ -524,7 +616,7 @@ def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
     if rate is not None and rate <= 0:
         raise InputError(f"rate must be > 0 requests/s (got {rate})")
     shape = shape_for(setup)
-    cal = calibration_for(shape.gpu_name, shape.gpu_vendor)
+    cal = calibration or calibration_for(shape.gpu_name, shape.gpu_vendor)
     per_step, per_seq = 1.0, 1.0
     if spec is not None and getattr(spec, "num_tokens", 0) > 0:
         per_step, per_seq = spec.expected_tokens, 1.0 + spec.num_tokens

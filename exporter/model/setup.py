@@ -24,6 +24,12 @@ UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vl
 CUDAGRAPH_ESTIMATE = (0, 21, 0)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default (vllm PR #41099)
 TOKENS_FROM_CONCURRENCY = (0, 21, 0)  # "GPU KV cache size" = max_concurrency x max_model_len (PR #40694) [release unverified]
 DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is calibrated on
+# V0 worker before the `memory_profiling` refactor (vllm PR #9352, v0.6.4): non-torch memory was
+# "device used (mem_get_info) - torch allocated" after the profile run, so the CUDA context, NCCL
+# init and anything else on the device counted (vllm/worker/worker.py determine_num_available_blocks,
+# "Check for any memory left around that may have been allocated on the gpu outside of `torch`").
+# From v0.6.4 only the increase over a snapshot taken after the context exists counts.
+DEVICE_WIDE_NON_TORCH_BEFORE = (0, 6, 4)
 
 _DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
            "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
@@ -61,6 +67,14 @@ class Setup:
     block_size: int
     vllm_version: Version
     enable_chunked_prefill: bool = True
+    dp: int = 1                      # data-parallel engines (--data-parallel-size)
+    expert_parallel: bool = False    # --enable-expert-parallel: whole experts per rank
+
+    @property
+    def moe_ranks(self) -> int:
+        """GPUs one MoE layer's experts are spread over: vLLM flattens TP across DP for the
+        fused-MoE layer (`FusedMoEParallelConfig.make`: tp_size = dp x tp), with or without EP."""
+        return self.tp * self.dp
 
     @property
     def v0(self) -> bool:
@@ -68,7 +82,12 @@ class Setup:
 
     @property
     def num_gpus(self) -> int:
+        """GPUs of one engine (one data-parallel rank)."""
         return self.tp * self.pp
+
+    @property
+    def total_gpus(self) -> int:
+        return self.tp * self.pp * self.dp
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -94,13 +113,14 @@ class Setup:
               gpu_memory_utilization: float | None = None, gpu_memory_gib: float | None = None,
               max_model_len: int | None = None, max_num_seqs: int | None = None,
               max_num_batched_tokens: int | None = None, block_size: int | None = None,
-              vllm_version: str | tuple | None = None) -> "Setup":
+              vllm_version: str | tuple | None = None, dp: int = 1,
+              expert_parallel: bool = False) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version."""
         arch = resolve_model(model) if isinstance(model, str) else model
         dev = resolve_gpu(gpu) if isinstance(gpu, str) else gpu
         version = parse_version(vllm_version)
-        if tp < 1 or pp < 1:
-            raise InputError(f"--tp/--pp must be >= 1 (got tp={tp}, pp={pp})")
+        if tp < 1 or pp < 1 or dp < 1:
+            raise InputError(f"--tp/--pp/--data-parallel must be >= 1 (got tp={tp}, pp={pp}, dp={dp})")
         if pp > arch.num_layers:
             raise InputError(f"--pp {pp} exceeds the model's {arch.num_layers} layers")
         d = _DTYPES.get((dtype or "auto").lower())
@@ -133,7 +153,14 @@ class Setup:
         v0 = version < V1_DEFAULT
         if v0:
             seqs = max_num_seqs or 256
-            chunked = mml > 32768  # V0 turned chunked prefill on only for long contexts
+            # V0 turned chunked prefill on by itself only for contexts > 32k, and not for models
+            # with a sliding window, multimodal models or (late V0) MLA (vllm/engine/arg_utils.py
+            # create_engine_config: "Chunked prefill is enabled by default for models with
+            # max_model_len > 32K", guarded by `not use_sliding_window`, `is_multimodal_model`,
+            # `use_mla`). Without it the profile run is ONE prefill of max(max_model_len, 2048)
+            # tokens, whose activations can leave little for the KV cache.
+            chunked = (mml > 32768 and not arch.sliding_window and not arch.extra_params
+                       and arch.attention != "mla")
             mnbt = max_num_batched_tokens or (512 if chunked else max(mml, 2048))
         else:
             chunked = True
@@ -148,7 +175,8 @@ class Setup:
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
-                   block_size=bs, vllm_version=version, enable_chunked_prefill=chunked)
+                   block_size=bs, vllm_version=version, enable_chunked_prefill=chunked,
+                   dp=int(dp), expert_parallel=bool(expert_parallel) and arch.is_moe)
 
 
 def make_setup(model: str | ModelArch, gpu: str | GPU, **kwargs) -> Setup:

@@ -139,3 +139,73 @@ def break_even_batch(setup: Any, spec: SpecConfig, context_tokens: float, limit:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if gain(setup, spec, mid, context_tokens).helps else (lo, mid)
     return lo
+
+
+# ---------------------------------------------------------------------------------------------
+# The one assumption calc, scan and the daemon share when no acceptance rate was measured
+
+ACCEPTANCE_RANGE = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+DEFAULT_SPEC_TOKENS = 3    # vLLM's EAGLE examples use num_speculative_tokens 3 [vLLM docs, spec decode]
+# The single point a yes/no needs when the acceptance is unknown: 0.6 per token, a middling figure
+# for chat traffic [assumed]. The same as the daemon's "missed speed-up" (drift/predict.ASSUMED_SPEC).
+ASSUMED_ACCEPTANCE = 0.6
+ASSUMED_SPEC = {"num_tokens": DEFAULT_SPEC_TOKENS, "alpha": ASSUMED_ACCEPTANCE, "method": "eagle"}
+ASSUMPTION = (f"acceptance unknown: shown for 0.3-0.9 (i.i.d. per-token model), "
+              f"yes/no at the assumed {ASSUMED_ACCEPTANCE}")
+
+
+def break_even_acceptance(setup: Any, batch: int, context_tokens: float, *,
+                          num_tokens: int = DEFAULT_SPEC_TOKENS, method: str = "eagle") -> float | None:
+    """Smallest per-token acceptance alpha at which speculation speeds decoding at `batch`
+    (speed-up = 1), or None when even alpha = 1 does not pay off."""
+    def speed(a: float) -> float:
+        return gain(setup, SpecConfig(num_tokens=num_tokens, alpha=a, method=method), batch,
+                    context_tokens).speedup
+    if speed(1.0) <= 1.0:
+        return None
+    if speed(0.0) > 1.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(30):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if speed(mid) <= 1.0 else (lo, mid)
+    return round(hi, 4)
+
+
+def spec_verdict(setup: Any, batch: int, context_tokens: float, *, acceptance: float | None = None,
+                 num_tokens: int = DEFAULT_SPEC_TOKENS, method: str = "eagle",
+                 min_gain: float = 1.05) -> dict[str, Any]:
+    """Does speculative decoding pay at this batch? The shared answer for calc, scan and daemon.
+
+    With a measured `acceptance` the verdict is for that rate; without, for each rate in
+    ACCEPTANCE_RANGE, plus the break-even acceptance at this batch, and `assumption` says so.
+    `recommended` is true only for a clear win (speed-up >= min_gain) at the given rate, or,
+    without one, at ASSUMED_ACCEPTANCE (the point the daemon assumes too)."""
+    k = max(int(num_tokens), 1)
+    b = max(int(batch), 1)
+    rates = (acceptance,) if acceptance is not None else ACCEPTANCE_RANGE
+    rows = []
+    for a in rates:
+        g = gain(setup, SpecConfig(num_tokens=k, alpha=float(a), method=method), b, context_tokens)
+        rows.append({"acceptance": round(float(a), 4), "speedup": round(g.speedup, 4),
+                     "tokens_per_step": round(g.tokens_per_step, 4), "helps": g.speedup >= min_gain})
+    be = break_even_acceptance(setup, b, context_tokens, num_tokens=k, method=method)
+    if acceptance is not None:
+        recommended = rows[0]["helps"]
+        basis = f"measured/given acceptance {acceptance:g}"
+        at_point = rows[0]["speedup"]
+    else:
+        at_point = gain(setup, SpecConfig(num_tokens=k, alpha=ASSUMED_ACCEPTANCE, method=method), b,
+                        context_tokens).speedup
+        recommended = at_point >= min_gain
+        basis = ASSUMPTION
+    point = acceptance if acceptance is not None else ASSUMED_ACCEPTANCE
+    word = "a clear win" if recommended else ("a small gain" if at_point > 1.0 else "a loss")
+    if be is None:
+        text = f"loses at batch {b} at any acceptance (the verify step is compute-bound)"
+    else:
+        text = (f"break-even acceptance {be:.2f} at batch {b}; at {'the assumed ' if acceptance is None else ''}"
+                f"{point:g}: x{at_point:.2f}, {word}")
+    return {"batch": b, "num_speculative_tokens": k, "method": method, "assumption": basis,
+            "by_acceptance": rows, "break_even_acceptance": be, "recommended": recommended,
+            "verdict": text}

@@ -34,6 +34,10 @@ StepTimeFn = Callable[[int, int, int, int], float]
 
 FINISHED_REASONS = ("stop", "length", "abort")
 
+# listener(t, new_tokens, finish_reason): called with each step's new tokens of an externally
+# submitted request (finish_reason None), then once when it finishes (new_tokens 0)
+TokenListener = Callable[[float, int, "str | None"], None]
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -190,7 +194,7 @@ class _Request:
     __slots__ = ("rid", "arrival", "prompt_len", "max_tokens", "stop_len", "group",
                  "prefix_tokens", "num_computed", "outputs", "blocks", "scheduled_at",
                  "first_token_at", "last_token_at", "preemptions", "counted_prompt",
-                 "cached_first")
+                 "cached_first", "listener")
 
     def __init__(self, rid: int, arrival: float, prompt_len: int, max_tokens: int,
                  stop_len: int, group: int, prefix_tokens: int):
@@ -210,6 +214,7 @@ class _Request:
         self.preemptions = 0
         self.counted_prompt = False
         self.cached_first = -1
+        self.listener: TokenListener | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -518,6 +523,8 @@ class Engine:
                 c["prompt_tokens_computed"] += req.prompt_len - cached
                 iter_prompt_computed += req.prompt_len - cached
             req.last_token_at = t_end
+            if req.listener is not None:
+                req.listener(t_end, new, None)
             if (req.outputs >= req.max_tokens or req.num_tokens >= cfg.max_model_len
                     or req.outputs >= req.stop_len):
                 finished.append(req)
@@ -547,6 +554,8 @@ class Engine:
             reason = "stop"
         m.finished[reason] += 1
         self._free(req)
+        if req.listener is not None:
+            req.listener(t, 0, reason)
         sched = req.scheduled_at if req.scheduled_at is not None else req.arrival
         first = req.first_token_at if req.first_token_at is not None else t
         h["e2e"].observe(t - req.arrival)
@@ -583,6 +592,37 @@ class Engine:
         if any(r.arrival < cutoff and r.scheduled_at is None for r in self.waiting):
             self.waiting = deque(r for r in self.waiting
                                  if r.arrival >= cutoff or r.scheduled_at is not None)
+
+    # ---- external requests (the simulator's OpenAI endpoints) --------------------------------
+    def submit(self, prompt_len: int, max_tokens: int, listener: TokenListener, *,
+               stop_len: int | None = None, at: float | None = None) -> object | None:
+        """Queue one request from outside the traffic model, arriving at `at` (default now);
+        `listener` hears its tokens. None when the prompt does not fit (the frontend's 400)."""
+        cfg = self.cfg
+        cap = min(cfg.max_model_len, (cfg.num_gpu_blocks - 1) * cfg.block_size)
+        if prompt_len < 1 or prompt_len >= cap or max_tokens < 1:
+            return None
+        rid = self._next_id
+        self._next_id += 1
+        req = _Request(rid, self.now if at is None else min(at, self.now), prompt_len,
+                       min(max_tokens, cap - prompt_len), stop_len or max_tokens, -1, 0)
+        req.listener = listener
+        self.waiting.append(req)
+        return req
+
+    def cancel(self, req: object) -> None:
+        """The client went away: drop the request (vLLM aborts it and frees its blocks)."""
+        if not isinstance(req, _Request) or req.listener is None:
+            return
+        req.listener = None
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self.running:
+            self.running.remove(req)
+            self._free(req)
+        else:
+            return
+        self.metrics.finished["abort"] += 1
 
     # ---- driving ---------------------------------------------------------------------------
     def advance_to(self, t_target: float, max_steps: int = 1_000_000) -> int:

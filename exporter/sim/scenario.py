@@ -65,6 +65,9 @@ class Scenario:
     quantization: str | None = None
     warmup_s: float = 0.0                      # sim time run before serving (a warm server)
     restarts: tuple[tuple[float, VllmFlags], ...] = ()   # (sim time, new flags): a redeploy
+    # the server's true step times are this x what the calculator predicts (a GPU, driver or
+    # build the catalog does not describe); nothing in the exposition says so
+    step_time_scale: float = 1.0
 
     @property
     def model_name(self) -> str:
@@ -77,7 +80,8 @@ def builtin_names() -> list[str]:
 
 # ---- parsing ----------------------------------------------------------------------------------
 _TOP = {"name", "description", "model", "served_model_name", "gpu", "tp", "quantization", "vllm",
-        "traffic", "phases", "ground_truth", "acceptable", "speed", "vllm_version", "warmup"}
+        "traffic", "phases", "ground_truth", "acceptable", "speed", "vllm_version", "warmup",
+        "step_time_scale"}
 _VLLM = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
          "enable_prefix_caching", "kv_cache_dtype", "block_size", "num_gpu_blocks", "speculative"}
 _SPEC = {"num_speculative_tokens", "acceptance", "draft_cost"}
@@ -273,6 +277,7 @@ def parse_scenario(data: Any, where: str) -> Scenario:
     name = r.text(top, "name", "name", Path(where).stem)
     tp = r.num(top, "tp", "tp", 1, integer=True, lo=1, hi=64)
     speed = r.num(top, "speed", "speed", 1.0, lo=0.001, hi=10000)
+    step_scale = r.num(top, "step_time_scale", "step_time_scale", 1.0, lo=0.01, hi=100)
     version = r.text(top, "vllm_version", "vllm_version", DEFAULT_VERSION)
     try:
         era_for(version)
@@ -286,7 +291,7 @@ def parse_scenario(data: Any, where: str) -> Scenario:
         ground_truth=tuple(gt), acceptable=tuple(acc), speed=speed, vllm_version=version,
         quantization=r.text(top, "quantization", "quantization", None),
         warmup_s=_duration(r, top["warmup"], "warmup") if top.get("warmup") is not None else 0.0,
-        restarts=tuple(restarts),
+        restarts=tuple(restarts), step_time_scale=step_scale,
     )
 
 
@@ -349,7 +354,7 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
         spec_tokens=f.spec_tokens, spec_acceptance=f.spec_acceptance,
         spec_draft_cost=f.spec_draft_cost,
         iteration_tokens_computed_only=era.iteration_tokens_computed_only)
-    return Resolved(cfg, _step_time(setup), setup.max_model_len, setup.gpu_memory_utilization,
+    return Resolved(cfg, _step_time(setup, sc.step_time_scale), setup.max_model_len, setup.gpu_memory_utilization,
                     setup.kv_cache_dtype, source)
 
 
@@ -365,15 +370,15 @@ def _capacity(setup, override: int | None) -> tuple[int, str]:
     return _fallback_blocks(setup), "fallback estimate"
 
 
-def _step_time(setup) -> StepTimeFn:
+def _step_time(setup, scale: float = 1.0) -> StepTimeFn:
     try:
         from exporter.model.perf import step_time_s
     except ImportError:
         step_time_s = None
     if step_time_s is not None:
         def fn(ds: int, dc: int, pt: int, pc: int) -> float:
-            return step_time_s(setup, decode_seqs=ds, decode_context_tokens=dc,
-                               prefill_tokens=pt, prefill_context_tokens=pc)
+            return scale * step_time_s(setup, decode_seqs=ds, decode_context_tokens=dc,
+                                       prefill_tokens=pt, prefill_context_tokens=pc)
         return fn
     return _fallback_step_time(setup)
 

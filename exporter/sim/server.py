@@ -2,6 +2,10 @@
 vLLM OpenAI server, on plain asyncio streams (no framework, so one process can listen on a
 thousand ports cheaply in fleet mode).
 
+`POST /v1/completions` and `/v1/chat/completions` (streaming SSE or not) run through the simulated
+engine (`exporter.sim.openai`), so a load generator sees the engine's latencies and /metrics moves
+with its load; while such requests are in flight the ticker runs every 10 ms of wall time.
+
 HTTP/1.1 with keep-alive and Content-Length; gzip when the client's Accept-Encoding asks for it
 (the compressed body is cached per exposition, like the text itself). A ticker advances the
 simulated engines with wall time × speed; nothing here decides what the metrics say.
@@ -16,11 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from exporter.sim import openai
 from exporter.sim.scenario import SimServerState
 
 log = logging.getLogger("vllm_drift.sim")
 
 MAX_HEADER_BYTES = 65536
+MAX_BODY_BYTES = 8 << 20
+BUSY_TICK_S = 0.01
 IDLE_TIMEOUT_S = 30.0
 METRICS_CT = b"text/plain; version=0.0.4; charset=utf-8"
 JSON_CT = b"application/json"
@@ -31,6 +38,8 @@ class Endpoint:
     """What one simulated server answers; several endpoints may share one engine (fleet)."""
 
     state: SimServerState
+    wall_start: float | None = None           # monotonic time of sim time `warmup` (set by serve)
+    active: int = 0                           # OpenAI requests in flight
     _key: float = field(default=-1.0, repr=False)
     _plain: bytes = field(default=b"", repr=False)
     _gz: bytes | None = field(default=None, repr=False)
@@ -99,13 +108,27 @@ async def handle(endpoint: Endpoint, reader: asyncio.StreamReader,
                 if ":" in line:
                     k, v = line.split(":", 1)
                     headers[k.strip().lower()] = v.strip()
-            length = int(headers.get("content-length", "0") or 0)
-            if length:
-                await reader.readexactly(min(length, 1 << 20))
+            try:
+                length = int(headers.get("content-length", "0") or 0)
+            except ValueError:
+                length = -1
+            if length < 0 or length > MAX_BODY_BYTES:
+                writer.write(_response("413 Request Entity Too Large", b"", JSON_CT, keep=False))
+                break
+            payload = await reader.readexactly(length) if length else b""
             conn = headers.get("connection", "").lower()
             keep = (proto == "HTTP/1.1" and conn != "close") or conn == "keep-alive"
             path = target.split("?", 1)[0]
             head = method == "HEAD"
+            if method == "POST" and path in openai.PATHS:
+                endpoint.active += 1
+                try:
+                    ok = await openai.serve_request(endpoint, path, payload, writer, keep=keep)
+                finally:
+                    endpoint.active -= 1
+                if not (ok and keep):
+                    break
+                continue
             if method not in ("GET", "HEAD"):
                 body, ctype, status, gz = b'{"detail":"Method Not Allowed"}', JSON_CT, "405 Method Not Allowed", False
             elif path == "/metrics" or path == "/metrics/":
@@ -152,6 +175,9 @@ async def serve(bindings: Sequence[tuple[str, int, Endpoint]], states: Sequence[
         if on_ready:
             on_ready(urls)
         t0 = time.monotonic()
+        endpoints = [ep for _, _, ep in bindings]
+        for ep in endpoints:
+            ep.wall_start = t0
         deadline = t0 + duration if duration else None
         while not stop.is_set():
             now = time.monotonic()
@@ -159,7 +185,8 @@ async def serve(bindings: Sequence[tuple[str, int, Endpoint]], states: Sequence[
                 st.tick(now - t0)
             if deadline is not None and now >= deadline:
                 break
-            wait = tick_s if deadline is None else max(0.0, min(tick_s, deadline - now))
+            tick = min(tick_s, BUSY_TICK_S) if any(ep.active for ep in endpoints) else tick_s
+            wait = tick if deadline is None else max(0.0, min(tick, deadline - now))
             try:
                 await asyncio.wait_for(stop.wait(), wait)
             except asyncio.TimeoutError:

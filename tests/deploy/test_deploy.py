@@ -55,7 +55,7 @@ def test_dockerfile_runs_non_root_with_healthcheck_and_pip_install():
     assert users, "no USER: the image would run as root"
     assert users[-1].split(":")[0] not in ("root", "0")
     assert ops.index("USER") > max(i for i, op in enumerate(ops) if op == "RUN"), "RUN after USER"
-    assert any(op == "RUN" and re.search(r"pip install \.(\s|$)", arg) for op, arg in ins)
+    assert any(op == "RUN" and re.search(r'pip install "?\.(\$\{EXTRAS\}|\[[a-z,]+\])?"?(\s|$)', arg) for op, arg in ins)
     (hc,) = [arg for op, arg in ins if op == "HEALTHCHECK"]
     assert "/-/healthy" in hc and "9877" in hc and "CMD" in hc
     assert ("EXPOSE", "9877") in ins
@@ -261,6 +261,7 @@ CRD_SCHEMAS = {
                                                   "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
                                                   "properties": {"record": {"type": "string"}, "alert": {"type": "string"},
                                                                  "expr": {"type": "string"}, "for": _DURATION,
+                                                                 "keep_firing_for": _DURATION,  # operator >= 0.65
                                                                  "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                                                                  "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}}}}}}}}},
 }

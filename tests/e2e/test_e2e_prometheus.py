@@ -349,9 +349,9 @@ def test_misconfiguration_alert_names_configured_and_recommended_values(stack):
     got: list[dict] = []
     while time.monotonic() < end and not got:
         got = [a for _, a in list(stack["receiver"].alerts)
-               if a["labels"].get("alertname") == "VLLMDriftMisconfigurationScoreHigh"]
+               if a["labels"].get("alertname") == "VLLMDriftMisconfiguration"]
         time.sleep(1)
-    assert got, "no VLLMDriftMisconfigurationScoreHigh delivered\n" + stack["stack"].logs()
+    assert got, "no VLLMDriftMisconfiguration delivered\n" + stack["stack"].logs()
     healthy = f"http://127.0.0.1:{stack['sims']['healthy']}"
     assert not [a for a in got if a["labels"]["target"] == healthy]
     for a in got:
@@ -359,5 +359,5 @@ def test_misconfiguration_alert_names_configured_and_recommended_values(stack):
         assert m, a["annotations"]["description"]
         assert m.group(2) != "unknown", a["annotations"]["description"]
         rec = query(stack["prom"], f'vllm_drift_recommended_value{{target="{a["labels"]["target"]}",'
-                                   f'parameter="{a["labels"]["parameter"]}"}}')
+                                   f'parameter="{a["labels"]["finding"]}"}}')  # setting findings are named after it
         assert rec

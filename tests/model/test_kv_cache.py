@@ -178,7 +178,7 @@ def test_v0_logs_gpu_blocks_and_profiles_max_model_len():
 def test_default_batch_knobs_follow_the_gpu():
     assert (setup(gpu="H100").max_num_seqs, setup(gpu="H100").max_num_batched_tokens) == (1024, 8192)
     assert (setup(gpu="L40S").max_num_seqs, setup(gpu="L40S").max_num_batched_tokens) == (256, 2048)
-    assert (setup(gpu="A100").max_num_seqs, setup(gpu="A100").max_num_batched_tokens) == (256, 2048)
+    assert (setup(gpu="A100-80GB").max_num_seqs, setup(gpu="A100-80GB").max_num_batched_tokens) == (256, 2048)
     assert Setup.build("Qwen/Qwen3-8B", "H100", vllm_version="0.28.0").gpu_memory_utilization == 0.92
 
 

@@ -1,4 +1,5 @@
-"""GPU and model-architecture catalogs, and the config.json reader, on real public figures."""
+"""The model-architecture catalog and the config.json reader, on real public figures (the GPU
+catalog's tests are in tests/model/test_gpu_catalog.py)."""
 from __future__ import annotations
 
 import json
@@ -8,58 +9,6 @@ import pytest
 from exporter.errors import CatalogError, InputError
 from exporter.model.architectures import (CHUNKED, FULL, SLIDING, catalog_ids, load_hf_config,
                                           resolve_model)
-from exporter.model.gpus import GPUS, resolve_gpu
-
-# ---- GPUs ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("alias, name", [
-    ("H100", "H100-SXM-80GB"), ("h100-80gb", "H100-SXM-80GB"), ("H100-SXM-80GB", "H100-SXM-80GB"),
-    ("H100-PCIe", "H100-PCIe-80GB"), ("T4-16GB", "T4"), ("t4", "T4"), ("L40S-48GB", "L40S"),
-    ("RTX-4090-24GB", "RTX-4090-24GB"), ("rtx 4090", "RTX-4090-24GB"), ("A100", "A100-80GB"),
-    ("A100-40GB", "A100-40GB"), ("H200", "H200-SXM-141GB"), ("B200", "B200-180GB"),
-    ("NVIDIA-L4", "L4"), ("mi300x", "MI300X"), ("RTX-PRO-6000", "RTX-PRO-6000-Blackwell-Server-96GB"),
-])
-def test_gpu_aliases_resolve_case_insensitively(alias, name):
-    assert resolve_gpu(alias).name == name
-
-
-@pytest.mark.parametrize("driver_name, name", [
-    ("NVIDIA H100 80GB HBM3", "H100-SXM-80GB"), ("NVIDIA H100 PCIe", "H100-PCIe-80GB"),
-    ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"), ("Tesla T4", "T4"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000-Blackwell-Server-96GB"),
-    ("NVIDIA GeForce RTX 4090", "RTX-4090-24GB"), ("AMD Instinct MI300X", "MI300X"),
-])
-def test_gpu_names_as_drivers_print_them(driver_name, name):
-    assert resolve_gpu(driver_name).name == name
-
-
-def test_gpu_catalog_covers_the_tiers_with_a_source_per_figure():
-    wanted = {"T4", "L4", "A10G", "L40S", "A100-40GB", "A100-80GB", "H100-SXM-80GB", "H100-PCIe-80GB",
-              "H200-SXM-141GB", "B200-180GB", "MI300X", "MI325X", "RTX-4090-24GB", "RTX-3090-24GB",
-              "RTX-PRO-6000-Blackwell-Server-96GB"}
-    assert wanted <= set(GPUS)
-    for gpu in GPUS.values():
-        assert {"memory", "bandwidth", "tflops", "price"} <= set(gpu.sources), gpu.name
-        assert 10 < gpu.memory_gib < 260 and gpu.hbm_bandwidth_tbps > 0 and gpu.dollars_per_hour > 0
-        assert gpu.tflops("bfloat16") > 0  # fp16 fallback on GPUs without bf16
-
-
-def test_gpu_figures_match_the_measured_startups():
-    # cudaMemGetInfo totals logged by vLLM (kv-capacity-observations.csv)
-    assert resolve_gpu("H100").memory_gib == 79.19
-    assert resolve_gpu("RTX-4090").memory_gib == 23.52
-    assert resolve_gpu("RTX-PRO-6000").memory_gib == 94.97
-    # vLLM's big batch defaults: >= 70 GiB and not an A100
-    assert resolve_gpu("H100").large_batch_defaults and resolve_gpu("H200").large_batch_defaults
-    assert not resolve_gpu("A100").large_batch_defaults and not resolve_gpu("L40S").large_batch_defaults
-
-
-def test_unknown_gpu_lists_the_closest_names():
-    with pytest.raises(CatalogError) as exc:
-        resolve_gpu("H110-80GB")
-    assert "H100-SXM-80GB" in str(exc.value)
-
 
 # ---- model catalog ----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import loopback
-from conftest import free_port
+from conftest import free_port, shared_path
 from daemons import PROMETHEUS, Daemon, Prometheus, get, samples, wait_evaluations, wait_for
 
 from exporter.config import PrometheusConfig
@@ -26,8 +26,7 @@ VERSION = {"vllm-0.10.1": b'{"version":"0.10.1"}', "vllm-0.11.0": b'{"version":"
 MODELS = b'{"object":"list","data":[{"id":"m","object":"model","max_model_len":8192}]}'
 
 
-@pytest.fixture
-def fleet(captures):
+def _serve_captures(captures: dict[str, bytes]):
     sites = []
     try:
         for name, body in captures.items():
@@ -43,14 +42,37 @@ def fleet(captures):
                 s.__exit__(None, None, None)
 
 
-@pytest.fixture
-def prometheus(tmp_path, fleet):
-    prom = Prometheus(tmp_path, [s.url for s in fleet])
+def _store(tmp, sites):
+    prom = Prometheus(tmp, [s.url for s in sites])
     try:
-        wait_for(lambda: len(prom.up()) == len(fleet) and all(v == 1 for v in prom.up().values()), timeout=60)
+        wait_for(lambda: len(prom.up()) == len(sites) and all(v == 1 for v in prom.up().values()), timeout=60)
         yield prom
     finally:
         prom.stop()
+
+
+@pytest.fixture
+def fleet(captures):
+    """Loopback targets serving the real captures (a test may stop one)."""
+    yield from _serve_captures(captures)
+
+
+@pytest.fixture
+def prometheus(tmp_path, fleet):
+    """A Prometheus of the test's own (a test may stop it)."""
+    yield from _store(tmp_path, fleet)
+
+
+@pytest.fixture(scope="module")
+def shared_fleet():
+    """The same targets, shared by the reader tests (a Prometheus start costs seconds)."""
+    folder = shared_path("fixtures", "prom")
+    yield from _serve_captures({p.name: p.read_bytes() for p in sorted(folder.glob("*.prom"))})
+
+
+@pytest.fixture(scope="module")
+def shared_prometheus(tmp_path_factory, shared_fleet):
+    yield from _store(tmp_path_factory.mktemp("prometheus"), shared_fleet)
 
 
 def by_target(daemon: Daemon) -> dict:
@@ -58,7 +80,8 @@ def by_target(daemon: Daemon) -> dict:
 
 
 @pytest.mark.parametrize("federate", [False, True], ids=["query-api", "federate"])
-def test_reader_rebuilds_the_same_snapshots_as_parsing_the_capture(fleet, prometheus, federate):
+def test_reader_rebuilds_the_same_snapshots_as_parsing_the_capture(shared_fleet, shared_prometheus, federate):
+    fleet, prometheus = shared_fleet, shared_prometheus
     async def main():
         reader = PrometheusReader(PrometheusConfig(url=prometheus.url, federate=federate))
         try:
@@ -99,6 +122,8 @@ def test_reader_rebuilds_the_same_snapshots_as_parsing_the_capture(fleet, promet
 
 @pytest.mark.parametrize("federate", ["false", "true"], ids=["query-api", "federate"])
 def test_query_mode_reports_what_scrape_mode_reports(fleet, prometheus, tmp_path, cli_env, federate):
+    # a fresh store: its history (backfilled into the query-mode window) is as short as the
+    # direct daemon's window, so both judge from the same amount of data
     common = "scrape: {interval: 1s, timeout: 1s}\nevaluation: {interval: 2s, window: 30s}\n"
     direct_cfg = tmp_path / "direct.yaml"
     direct_cfg.write_text(common + "targets:\n" + "".join(f"  - url: {s.url}\n" for s in fleet))

@@ -141,27 +141,33 @@ def test_every_alert_has_a_firing_and_a_quiet_case_and_every_record_is_tested():
            for t in yaml.safe_load(u.read_text())["tests"] for a in t.get("alert_rule_test") or []
            if a["alertname"] == "VLLMKVCachePressure" for e in a.get("exp_alerts") or []}
     assert sev == {"warning", "critical"}
+    sev = {e["exp_labels"]["severity"] for u in UNIT_TESTS
+           for t in yaml.safe_load(u.read_text())["tests"] for a in t.get("alert_rule_test") or []
+           if a["alertname"] == "VLLMDriftKVPressure" for e in a.get("exp_alerts") or []}
+    assert sev == {"warning", "critical"}
 
 
 @needs_promtool
 def test_thresholds_drive_alerts(tmp_path):
     """Raising the KV warning threshold in thresholds.yaml silences a 95% server; lowering the
-    preemption threshold makes a 0.5/s server fire."""
+    preemptions-per-request threshold makes a 0.2-per-request server fire."""
     files = build.render(build.load_thresholds(overrides=[
-        "kv_cache.warning_ratio=0.97", "preemption.per_second=0.25"]))
+        "kv_cache.warning_ratio=0.97", "preemption.per_finished_request=0.1"]))
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
+    lab = 'instance="a",model_name="m",engine="0"'
     unit = {
         "rule_files": [build.RULES_FILE, build.ALERTS_FILE],
         "evaluation_interval": "1m",
         "tests": [{
             "interval": "1m",
             "input_series": [
-                {"series": 'vllm:kv_cache_usage_perc{instance="a",model_name="m",engine="0"}',
-                 "values": "0.95x30"},
-                {"series": 'vllm:num_preemptions_total{instance="a",model_name="m",engine="0"}',
-                 "values": "0+30x30"},
+                {"series": f"vllm:kv_cache_usage_perc{{{lab}}}", "values": "0.95x30"},
+                {"series": f"vllm:num_requests_waiting{{{lab}}}", "values": "3x30"},
+                {"series": f"vllm:num_preemptions_total{{{lab}}}", "values": "0+30x30"},
+                {"series": f'vllm:request_success_total{{{lab},finished_reason="stop"}}',
+                 "values": "0+150x30"},
             ],
             "alert_rule_test": [
                 {"eval_time": "20m", "alertname": "VLLMKVCachePressure", "exp_alerts": []},
@@ -169,9 +175,10 @@ def test_thresholds_drive_alerts(tmp_path):
                     "exp_labels": {"severity": "warning", "instance": "a", "model_name": "m"},
                     "exp_annotations": {
                         "summary": "vLLM is preempting requests continuously.",
-                        "description": "m on a preempts 0.50 requests/s (threshold 0.25/s); "
-                                       "preempted requests are recomputed or swapped, which "
-                                       "inflates TTFT and inter-token latency.",
+                        "description": "m on a preempted 0.20 times per finished request over "
+                                       "the last 5m (threshold 0.1); preempted requests are "
+                                       "recomputed or swapped, which inflates TTFT and "
+                                       "inter-token latency.",
                         "runbook_url": "docs/runbooks.md#vllmpreemptionstorm"}}]},
             ],
         }],
@@ -179,6 +186,65 @@ def test_thresholds_drive_alerts(tmp_path):
     (tmp_path / "unit.yaml").write_text(yaml.safe_dump(unit))
     res = _promtool("test", "rules", "unit.yaml", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _groups(name: str) -> list[dict]:
+    return [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"]
+            if g["name"] == name for r in g["rules"]]
+
+
+def test_raw_gauges_are_read_through_windows_not_single_samples():
+    """vLLM's KV and queue gauges swing by whole requests between scrapes: an alert that holds
+    one sample with `for:` resets on every dip. Every read of them in an alert is windowed."""
+    gauges = ("instance_model:vllm_kv_cache_usage_perc:max", "instance_model:vllm_num_requests_waiting:sum",
+              "instance_model:vllm_num_requests_running:sum")
+    n = 0
+    for a in _groups("vllm-drift.vllm.alerts"):
+        for g in gauges:
+            total = a["expr"].count(g)
+            windowed = len(re.findall(r"\w+_over_time\((?:[\d.]+,\s*)?" + re.escape(g) + r"\[\w+\]", a["expr"]))
+            assert total == windowed, f"{a['alert']} reads {g} without a window"
+            n += windowed
+    assert n >= 5
+    # a fixed preemption rate is not a storm on a busy server: the threshold is per request
+    storm = next(a for a in _groups("vllm-drift.vllm.alerts") if a["alert"] == "VLLMPreemptionStorm")
+    assert "per_request_success" in storm["expr"]
+
+
+def test_drift_alerts_page_on_the_daemons_finding_severity():
+    """The daemon's per-target knowledge and hysteresis decide: every drift-finding alert
+    selects vllm_drift_finding at warning/critical and none reads a raw ratio or score."""
+    alerts = _groups("vllm-drift.daemon.alerts")
+    on_findings = {a["alert"] for a in alerts if "vllm_drift_finding{" in a["expr"]}
+    assert {"VLLMDriftKVPressure", "VLLMDriftMisconfiguration", "VLLMDriftTierMisplacement",
+            "VLLMDriftIdleCapacity"} <= on_findings
+    for a in alerts:
+        assert "vllm_drift_idle_capacity_ratio" not in a["expr"], a["alert"]
+        assert not re.search(r"vllm_drift_\w*score\S*\s*>", a["expr"]), a["alert"]
+        for sel in re.findall(r"vllm_drift_finding\{([^}]*)\}", a["expr"]):
+            assert 'severity=~"warning|critical"' in sel or 'severity="critical"' in sel, a["alert"]
+    kv = [a for a in alerts if a["alert"] == "VLLMDriftKVPressure"]
+    assert {a["labels"]["severity"] for a in kv} == {"warning", "critical"}
+    t = build.load_thresholds()
+    # the daemon finding -> notification hop fits ~2.5 min: for + one evaluation + group_wait
+    assert build._seconds(t["kv_pressure_finding"]["for"]) + 15 + 30 <= 150
+
+
+def test_latency_alerts_compare_with_each_targets_own_slo():
+    for name, metric in (("VLLMTTFTP99OverSLO", "ttft"), ("VLLMTPOTP99OverSLO", "tpot")):
+        a = next(r for r in _groups("vllm-drift.vllm.alerts") if r["alert"] == name)
+        own = f'instance_model:vllm_drift_slo_seconds:max{{metric="{metric}",quantile="0.99"}}'
+        assert a["expr"].count(own) == 2  # compared with, and the default only "unless" it exists
+        assert "unless on (instance, model_name)" in a["expr"]
+
+
+@needs_promtool
+def test_installed_prometheus_supports_keep_firing_for():
+    """The critical KV alert uses keep_firing_for (Prometheus >= 2.42): promtool must know it."""
+    assert any("keep_firing_for" in a for a in _groups("vllm-drift.vllm.alerts"))
+    out = _promtool("--version")
+    m = re.search(r"version (\d+)\.(\d+)", out.stdout + out.stderr)
+    assert m and (int(m.group(1)), int(m.group(2))) >= (2, 42), out.stdout
 
 
 def _fixture_series(path: Path) -> tuple[list[dict], float | None, float]:
@@ -268,3 +334,25 @@ def test_runbook_queries_parse_and_read_existing_metrics():
                 elif not m.startswith(("vllm_drift_", "vllm:")):
                     pytest.fail(f"runbook reads unknown metric {m}")
     assert n >= 30
+
+
+REAL_SWING = ROOT / "tests" / "fixtures" / "vllm-cpu" / "kv-pressure-swing-15s.csv"
+REAL_SWING_TEST = ROOT / "tests" / "rules" / "real_swing_test.yaml"
+
+
+def test_real_swing_replay_is_the_committed_capture():
+    """tests/rules/real_swing_test.yaml replays the timeline polled every 15 s from a real vLLM
+    0.32 CPU server under KV pressure: its input series must be exactly that capture."""
+    import csv
+
+    rows = list(csv.DictReader(REAL_SWING.open()))
+    assert len(rows) >= 20
+    doc = yaml.safe_load(REAL_SWING_TEST.read_text())
+    series = {s["series"].split("{")[0]: s["values"].split() for s in doc["tests"][0]["input_series"]}
+    for name in ("kv_cache_usage_perc", "num_requests_waiting", "num_preemptions_total",
+                 "request_success_total"):
+        assert [float(v) for v in series[f"vllm:{name}"]] == [float(r[name]) for r in rows], name
+    # the capture has the texture the rules are built for: whole-request swings, a queue, preemption
+    kv = [float(r["kv_cache_usage_perc"]) for r in rows]
+    assert max(kv) - min(kv) > 0.3 and 0.2 < sum(k > 0.9 for k in kv) / len(kv) < 0.9
+    assert float(rows[-1]["num_preemptions_total"]) > float(rows[0]["num_preemptions_total"])

@@ -1,0 +1,184 @@
+"""Online self-calibration: the step-time model learns each server's speed from its own window.
+
+Why here: the drift engine's scores are distances from the predicted optimum, so a server whose
+GPU, driver, kernels or build differ from the catalog would be scored against a wrong optimum
+forever. Every evaluation, the observed mean TPOT at the observed load (running batch, request
+shape) is one measurement for an extended Kalman filter over the step-time model's free factors
+(`exporter.model.calibrate.OnlineCalibration`). Servers that share model, GPU, TP, weight format
+and vLLM version share one filter — a pool — so a fleet teaches the model faster than one server,
+and a new replica starts from what its peers taught.
+
+The basis of a prediction is `prior` until the pool's posterior pins the predicted TPOT at this
+load to within `CONFIDENT_SIGMA` (log scale), then `calibrated`; scores and recommendations use
+the calibrated factors from then on. Offline measurements (`calibration_files:`, the CSV that
+`sweep --out` writes) seed a pool's filter before any live data. Pools are saved in the state
+file and survive restarts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import structlog
+
+from exporter.model.calibrate import Measurement, OnlineCalibration, Row, apply, factor_values, fit_setup
+from exporter.model.perf import Calibration, Prediction as PerfPrediction, calibration_for, predict, shape_for
+from exporter.model.setup import Setup
+from exporter.model.traffic import Traffic
+
+log = structlog.get_logger("vllm_drift")
+
+# Posterior spread of log TPOT at the observed load below which predictions are "calibrated"
+# (5 %: the same size as the goal the calibrated model is held to).
+CONFIDENT_SIGMA = 0.05
+# A window needs this many requests behind its TPOT mean to be a measurement.
+MIN_REQUESTS = 20
+# Each target contributes at most one measurement per this many seconds, and a pool folds in at
+# most POOL_UPDATES_PER_INTERVAL per interval (an update costs a few dozen model evaluations; a
+# large pool has more data than it needs, and the CPU goes to the fleet's scrapes instead).
+UPDATE_INTERVAL_S = 30.0
+POOL_UPDATES_PER_INTERVAL = 8
+
+
+def pool_key(setup: Setup) -> str:
+    """Servers alike enough to share a step-time calibration."""
+    version = ".".join(str(v) for v in setup.vllm_version) if setup.vllm_version else "?"
+    return f"{setup.model.name}|{setup.gpu.name}|tp{setup.tp}|pp{setup.pp}|{setup.quantization or 'native'}|{version}"
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What calibration says about one target's prediction."""
+
+    basis: str                                  # "prior" | "calibrated"
+    calibration: Calibration | None             # the factors in use when calibrated
+    tpot_s: float | None                        # at the observed load, on `basis`
+    ttft_s: float | None
+    prior_tpot_s: float | None
+    prior_ttft_s: float | None
+    factors: Mapping[str, float]                # calibrated factor values (empty on prior)
+    fit_error: float | None                     # |relative TPOT error| of the last measurement
+    updates: int = 0                            # measurements folded into the pool
+    rejected: int = 0                           # measurements refused for breaking physics
+    pool: str = ""
+    sigma: float | None = None                  # posterior spread of log TPOT at this load
+
+
+class FleetCalibration:
+    """The pools of a fleet, and per target what it has already contributed."""
+
+    def __init__(self, rows: Sequence[Row] = ()) -> None:
+        self.pools: dict[str, OnlineCalibration] = {}
+        self.rows: list[Row] = list(rows)
+        self.seen: dict[tuple[str, str], float] = {}        # (target, model) -> lifetime TPOT count
+        self.last_update: dict[tuple[str, str], float] = {}  # (target, model) -> its last update
+        self.recent: dict[str, list[float]] = {}             # pool -> times of its recent updates
+
+    def set_rows(self, rows: Sequence[Row]) -> None:
+        """New offline rows (a config reload): pools not yet seeded by live data are re-seeded."""
+        self.rows = list(rows)
+        for key in [k for k, f in self.pools.items() if f.updates == 0]:
+            del self.pools[key]
+
+    def _pool(self, key: str, setup: Setup, prior: Calibration) -> OnlineCalibration:
+        filt = self.pools.get(key)
+        if filt is None:
+            filt = OnlineCalibration()
+            if self.rows:
+                fit, _ = fit_setup(setup, self.rows, quantization=setup.quantization)
+                if fit.rows_used and not fit.rejected:
+                    # start from the measured runs: their fitted factors, with the fit's spread
+                    names = list(fit.names)
+                    idx = [names.index(n) for n in filt.names]
+                    filt.mean = [fit.logm[i] for i in idx]
+                    filt.cov = [[fit.covariance[i][j] for j in idx] for i in idx]
+            self.pools[key] = filt
+        return filt
+
+    def evaluate(self, setup: Setup, *, target: str, model_name: str, prompt_mean: float | None,
+                 output_mean: float | None, prefix_hit_ratio: float | None, running_mean: float | None,
+                 tpot_mean: float | None, window_requests: float, lifetime_requests: float | None,
+                 now: float, one_shot: bool = False) -> Calibrated | None:
+        """Fold this window in (when it holds new requests) and say what the prediction's basis
+        is at the observed load. None when the load cannot be described to the model."""
+        if not prompt_mean or not output_mean or prompt_mean < 1 or output_mean < 1:
+            return None
+        if not running_mean or running_mean < 0.5:
+            return None
+        traffic = Traffic(prompt_tokens_mean=float(prompt_mean), output_tokens_mean=float(output_mean),
+                          prefix_hit_ratio=min(0.99, max(0.0, prefix_hit_ratio or 0.0)))
+        conc = max(1.0, float(running_mean))
+        shape = shape_for(setup)
+        prior = calibration_for(shape.gpu_name, shape.gpu_vendor)
+        key = pool_key(setup)
+        filt = self._pool(key, setup, prior)
+
+        def at(cal: Calibration | None) -> PerfPrediction:
+            return predict(setup, traffic, concurrency=conc, calibration=cal)
+
+        new = self._new_requests(target, model_name, window_requests, lifetime_requests)
+        recent = [t for t in self.recent.get(key, ()) if now - t < UPDATE_INTERVAL_S]
+        self.recent[key] = recent
+        due = one_shot or (now - self.last_update.get((target, model_name), -math.inf) >= UPDATE_INTERVAL_S
+                           and len(recent) < POOL_UPDATES_PER_INTERVAL)
+        if tpot_mean and tpot_mean > 0 and new >= MIN_REQUESTS and due:
+            meas = Measurement(at, float(tpot_mean), None, weight=min(new, window_requests or new))
+            before = filt.rejected
+            if filt.update(prior, meas):
+                self.seen[(target, model_name)] = lifetime_requests if lifetime_requests is not None else 0.0
+                self.last_update[(target, model_name)] = now
+                recent.append(now)
+                if target not in filt.targets:
+                    filt.targets.append(target)
+            elif filt.rejected > before:
+                log.warning("calibration rejected", target=target, model_name=model_name, pool=key,
+                            observed_tpot_s=round(tpot_mean, 5),
+                            reason="the fit would leave the physical range of the step-time factors")
+        p0 = at(None)
+        # the factors on a 1 % grid: the costly predictions (capacity, TPOT table) are cached per
+        # calibration, and a converged pool's posterior wanders by less than that
+        cal = (apply(prior, filt.names, [round(m / 0.01) * 0.01 for m in filt.mean])
+               if filt.updates or self.rows else None)
+        sigma = filt.tpot_sigma(prior, Measurement(at, None, None)) if cal is not None else None
+        confident = cal is not None and sigma is not None and sigma <= CONFIDENT_SIGMA
+        p1 = at(cal) if confident else p0
+        return Calibrated(
+            basis="calibrated" if confident else "prior", calibration=cal if confident else None,
+            tpot_s=_num(p1.tpot_s), ttft_s=_num(p1.ttft_s), prior_tpot_s=_num(p0.tpot_s),
+            prior_ttft_s=_num(p0.ttft_s),
+            factors=factor_values(cal, filt.names) if confident and cal is not None else {},
+            fit_error=filt.last_error, updates=filt.updates, rejected=filt.rejected, pool=key,
+            sigma=sigma)
+
+    def _new_requests(self, target: str, model_name: str, window_requests: float,
+                      lifetime_requests: float | None) -> float:
+        """Requests not yet folded in: the lifetime TPOT count since this target's last update
+        (the whole window after a counter reset or on first sight)."""
+        if lifetime_requests is None:
+            return window_requests
+        last = self.seen.get((target, model_name))
+        if last is None or lifetime_requests < last:
+            return window_requests
+        return min(lifetime_requests - last, window_requests)
+
+    def forget(self, target: str, model_name: str) -> None:
+        self.seen.pop((target, model_name), None)
+        self.last_update.pop((target, model_name), None)
+
+    # ------------------------------------------------------------------ state
+    def to_dict(self) -> dict[str, Any]:
+        return {"pools": {k: f.to_dict() for k, f in self.pools.items() if f.updates}}
+
+    def restore(self, doc: Mapping[str, Any]) -> int:
+        """Pools from a saved document; raises ValueError/TypeError on an unusable one."""
+        pools = doc.get("pools") or {}
+        if not isinstance(pools, Mapping):
+            raise ValueError("calibration.pools is not a mapping")
+        for key, data in pools.items():
+            self.pools[str(key)] = OnlineCalibration.from_dict(data)
+        return len(pools)
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)

@@ -1,0 +1,75 @@
+"""The sweep's self-contained HTML report: throughput vs load and latency vs load, measured points
+with the model's prediction on the same axes and the knee marked, then the per-level table."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from exporter.reports.html import page, plot, require_plotly, section, table
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1e3
+
+
+def render(doc: dict[str, Any], predicted: Sequence[dict[str, Any]], note: str) -> str:
+    go = require_plotly()
+    key = doc["level_key"]
+    levels = [lv for lv in doc["levels"] if lv.get("completed")]
+    xs = [lv[key] for lv in levels]
+    knee = doc.get("knee")
+    xlabel = "concurrent requests" if key == "concurrency" else "offered rate (requests/s)"
+    axis = dict(title=xlabel, type="log", dtick=0.30103) if key == "concurrency" else dict(title=xlabel)
+
+    tput = go.Figure()
+    tput.add_trace(go.Scatter(x=xs, y=[lv["output_tokens_per_s"] for lv in levels], mode="lines+markers",
+                              name="measured output tokens/s"))
+    if predicted:
+        tput.add_trace(go.Scatter(x=[p["x"] for p in predicted], y=[p["output_tokens_per_s"] for p in predicted],
+                                  mode="lines", line=dict(dash="dash"), name="model prediction"))
+    lat = go.Figure()
+    for name, field, dash in (("TTFT p50", "ttft_p50_s", None), ("TTFT p99", "ttft_p99_s", "dot"),
+                              ("TPOT p50", "tpot_p50_s", None), ("TPOT p99", "tpot_p99_s", "dot")):
+        lat.add_trace(go.Scatter(x=xs, y=[_ms(lv[field]) for lv in levels], mode="lines+markers",
+                                 name=f"measured {name}", line=dict(dash=dash)))
+    if predicted:
+        for name, field in (("TTFT", "ttft_s"), ("TPOT", "tpot_s")):
+            lat.add_trace(go.Scatter(x=[p["x"] for p in predicted], y=[_ms(p[field]) for p in predicted],
+                                     mode="lines", line=dict(dash="dash"), name=f"predicted {name} (mean)"))
+    for fig, ytitle in ((tput, "output tokens/s"), (lat, "ms (log)")):
+        if knee:
+            fig.add_vline(x=knee[key], line=dict(color="firebrick", dash="dash"),
+                          annotation_text=f"knee: {knee[key]:g} ({knee['reason']})")
+        fig.update_layout(xaxis=axis, yaxis=dict(title=ytitle), height=420, margin=dict(l=60, r=20, t=30, b=50),
+                          legend=dict(orientation="h", y=-0.2))
+    lat.update_yaxes(type="log")
+
+    headers = [key, "done/failed", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+               "ITL p99 ms", "KV mean/max", "running/waiting max", "preemptions"]
+    rows, mark = [], []
+    for lv in doc["levels"]:
+        rows.append([f"{lv[key]:g}", f"{lv['completed']}/{lv['failed']}", _f(lv.get("output_tokens_per_s"), 1),
+                     _f(_ms(lv.get("ttft_p50_s")), 1), _f(_ms(lv.get("ttft_p99_s")), 1),
+                     _f(_ms(lv.get("tpot_p50_s")), 2), _f(_ms(lv.get("tpot_p99_s")), 2),
+                     _f(_ms(lv.get("itl_p99_s")), 2),
+                     f"{_pct(lv.get('kv_usage_mean'))}/{_pct(lv.get('kv_usage_max'))}",
+                     f"{_f(lv.get('running_max'), 0)}/{_f(lv.get('waiting_max'), 0)}",
+                     _f(lv.get("preemptions"), 0)])
+        mark.append(bool(knee) and lv[key] == knee[key])
+    knee_txt = (f"Knee at {knee[key]:g}: {knee['detail']}." if knee else
+                "No knee: throughput still grows by at least 10 % per doubling at the last level.")
+    s = doc["server"]
+    sub = f"{s['url']} — {s['model']} on {s['tp']} x {s['gpu'] or 'unknown GPU'}, vLLM {s.get('version') or '?'}"
+    return page("vLLM saturation sweep", [
+        section("Throughput", plot(tput), note=knee_txt),
+        section("Latency", plot(lat), note=note),
+        section("Levels", table(headers, rows, mark=mark),
+                note=doc.get("knee_rule", "") + (f" Stopped early: {doc['stopped']}." if doc.get("stopped") else "")),
+    ], subtitle=sub)
+
+
+def _f(v: float | None, nd: int) -> str:
+    return "–" if v is None else f"{v:.{nd}f}"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{v * 100:.0f}%"

@@ -1,0 +1,505 @@
+"""Calibration of the step-time model from measurements: offline rows and a running server.
+
+The roofline in `perf` has a handful of free factors (per-step overhead, bandwidth efficiency,
+compute efficiency, per-token cost, the client-visible TTFT terms) whose a-priori values come
+from one GPU class's fit. A server whose GPU, driver, kernels or vLLM build differ runs at other
+factors; this module finds them from what the server shows, without giving up the structure:
+
+- the state is a vector of log-multipliers on those factors, with a Gaussian prior centred on 0
+  (the a-priori model) — thin data stays near the prior, rich data moves it;
+- `fit_rows` (offline: `calc --calibrate FILE.csv`) is the maximum a-posteriori fit over measured
+  rows, a Gauss-Newton iteration on log-TPOT and log-TTFT residuals plus the prior;
+- `OnlineCalibration` (the daemon) is the same model as an iterated extended Kalman filter: every
+  evaluation's observed TPOT/TTFT at the observed operating point is one measurement, noise
+  shrinking with the number of requests behind it, a little process noise so the filter follows
+  a server that changes. Its state is a plain dict for the state file.
+
+A fit that would push a factor outside physics (an efficiency above 1, an overhead above 50 ms
+per step) is rejected and counted, never applied.
+
+Pure: no I/O except `read_rows` (a CSV file).
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from exporter.errors import InputError
+from exporter.model.perf import Calibration, Prediction
+
+# ---------------------------------------------------------------------------------------------
+# The free factors
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One calibrated factor: the `Calibration` fields it multiplies, its prior spread (standard
+    deviation of the log-multiplier) and the physical range of the resulting field values."""
+
+    name: str
+    fields: tuple[str, ...]
+    prior_sigma: float
+    low: float
+    high: float
+
+
+# Order matters only for the exported vectors. Prior spreads: how far another GPU, driver or build
+# plausibly moves each factor from the class fit (bandwidth efficiency is well known, overheads
+# vary by a factor of several between CPU hosts and vLLM releases).
+FACTORS: tuple[Factor, ...] = (
+    Factor("step_overhead", ("step_overhead_s",), 0.8, 0.0, 0.05),
+    Factor("bandwidth_efficiency", ("bw_eff",), 0.35, 0.02, 1.0),
+    Factor("compute_efficiency", ("flops_eff_bf16", "flops_eff_fp8", "flops_eff_fp4"), 0.5, 0.01, 1.0),
+    Factor("per_token", ("per_token_s",), 0.8, 0.0, 2e-3),
+    Factor("ttft_steps", ("ttft_steps",), 0.6, 0.0, 200.0),
+    Factor("prefill_queue", ("queue_factor",), 0.8, 0.0, 5.0),
+)
+FACTOR_NAMES = tuple(f.name for f in FACTORS)
+# Online, the TTFT terms are not identifiable from one operating point and would soak up noise:
+# the daemon fits the step-time factors only.
+ONLINE_FACTORS = ("step_overhead", "bandwidth_efficiency", "compute_efficiency", "per_token")
+
+
+def _factors(names: Sequence[str]) -> list[Factor]:
+    by_name = {f.name: f for f in FACTORS}
+    return [by_name[n] for n in names]
+
+
+def apply(prior: Calibration, names: Sequence[str], logm: Sequence[float]) -> Calibration:
+    """`prior` with each named factor's fields multiplied by exp(logm[i])."""
+    changes: dict[str, float] = {}
+    for f, m in zip(_factors(names), logm):
+        scale = math.exp(float(m))
+        for fld in f.fields:
+            changes[fld] = getattr(prior, fld) * scale
+    return replace(prior, **changes, source=f"{prior.source}; calibrated")
+
+
+def bounds(prior: Calibration, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The range of each log-multiplier that keeps every field of its factor within physics."""
+    lo, hi = [], []
+    for f in _factors(names):
+        vals = [getattr(prior, fld) for fld in f.fields if getattr(prior, fld) > 0]
+        if not vals:
+            lo.append(-20.0)
+            hi.append(20.0)
+            continue
+        lo.append(max(math.log(f.low / v) if f.low > 0 else -20.0 for v in vals))
+        hi.append(min(math.log(f.high / v) for v in vals))
+    return np.asarray(lo), np.asarray(hi)
+
+
+# How far past a physical bound an unconstrained fit may land and still count as noise (then it
+# is clipped to the bound); beyond it the data contradict the physics and the fit is rejected.
+PHYSICS_TOLERANCE = math.log(1.15)
+
+
+def physical(prior: Calibration, names: Sequence[str], logm: Sequence[float],
+             tolerance: float = 0.0) -> str | None:
+    """None when every calibrated field stays within physics (give or take `tolerance` in log
+    units), else what broke."""
+    lo, hi = bounds(prior, names)
+    for f, m, a, b in zip(_factors(names), logm, lo, hi):
+        m = float(m)
+        if not math.isfinite(m):
+            return f"{f.name}: not a number"
+        if m < a - tolerance or m > b + tolerance:
+            fld = f.fields[0]
+            v = getattr(prior, fld) * math.exp(m)
+            return f"{f.name}: {fld} = {v:.4g} outside [{f.low:g}, {f.high:g}]"
+    return None
+
+
+def clip(prior: Calibration, names: Sequence[str], logm: Sequence[float]) -> np.ndarray:
+    lo, hi = bounds(prior, names)
+    return np.clip(np.asarray(logm, float), lo, hi)
+
+
+def factor_values(cal: Calibration, names: Sequence[str] = FACTOR_NAMES) -> dict[str, float]:
+    """The value of each factor's first field (what `vllm_drift_model_calibration_factor` shows)."""
+    return {f.name: float(getattr(cal, f.fields[0])) for f in _factors(names)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One observed operating point: the load and the latencies it produced.
+
+    `predict(cal)` gives the model's prediction at that load under a calibration; `weight` is the
+    number of requests behind the observed means (it sets the measurement noise)."""
+
+    predict: Callable[[Calibration], Prediction]
+    tpot_s: float | None
+    ttft_s: float | None
+    weight: float = 1.0
+    label: str = ""
+
+
+# Relative noise of one measured mean (log scale), before dividing by the requests behind it;
+# floors keep a huge count from claiming certainty the model's structure does not have.
+TPOT_NOISE, TPOT_FLOOR = 0.20, 0.02
+TTFT_NOISE, TTFT_FLOOR = 0.50, 0.06
+
+
+def _residuals(m: Measurement, cal: Calibration) -> tuple[list[float], list[float]]:
+    """(log predicted - log observed) per latency, and each one's standard deviation."""
+    p = m.predict(cal)
+    res, sig = [], []
+    n = max(m.weight, 1.0)
+    if m.tpot_s and m.tpot_s > 0:
+        res.append(_log(p.tpot_s) - math.log(m.tpot_s))
+        sig.append(max(TPOT_NOISE / math.sqrt(n), TPOT_FLOOR))
+    if m.ttft_s and m.ttft_s > 0:
+        res.append(_log(p.ttft_s) - math.log(m.ttft_s))
+        sig.append(max(TTFT_NOISE / math.sqrt(n), TTFT_FLOOR))
+    return res, sig
+
+
+def _log(v: float) -> float:
+    return math.log(v) if v and v > 0 and math.isfinite(v) else 50.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Maximum a-posteriori fit (Gauss-Newton with the prior as extra residuals)
+
+
+@dataclass(frozen=True)
+class Fit:
+    calibration: Calibration
+    names: tuple[str, ...]
+    logm: tuple[float, ...]
+    covariance: tuple[tuple[float, ...], ...]
+    fit_error: float          # mean |relative error| of the fitted latencies on the rows used
+    prior_error: float        # the same for the a-priori model
+    rows_used: int
+    rejected: str | None = None   # why the fit was not applied (physics), None when applied
+    outliers: tuple[str, ...] = ()  # rows set aside as inconsistent with the others
+
+    def as_dict(self) -> dict[str, object]:
+        return {"rows_used": self.rows_used, "factors": factor_values(self.calibration, self.names),
+                "multipliers": {n: round(math.exp(m), 4) for n, m in zip(self.names, self.logm)},
+                "fit_error": round(self.fit_error, 4), "prior_error": round(self.prior_error, 4),
+                "rejected": self.rejected, "outliers": list(self.outliers)}
+
+
+def _stack(meas: Sequence[Measurement], cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    r, s = [], []
+    for m in meas:
+        a, b = _residuals(m, cal)
+        r += a
+        s += b
+    return np.asarray(r, float), np.asarray(s, float)
+
+
+def map_fit(prior: Calibration, meas: Sequence[Measurement], names: Sequence[str] = FACTOR_NAMES,
+            *, mean: Sequence[float] | None = None, cov: np.ndarray | None = None,
+            iterations: int = 12, constrained: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior mean and covariance of the log-multipliers given `meas`, starting from the prior
+    N(mean, cov) (default: N(0, diag(prior_sigma^2))). `constrained`: every iterate is projected
+    onto the physical range (a bounded maximum a-posteriori estimate)."""
+    fs = _factors(names)
+    k = len(fs)
+    m0 = np.zeros(k) if mean is None else np.asarray(mean, float)
+    p0 = np.diag([f.prior_sigma ** 2 for f in fs]) if cov is None else np.asarray(cov, float)
+    p0_inv = np.linalg.inv(p0)
+    x = m0.copy()
+    h = 1e-3
+    info = p0_inv
+    for _ in range(iterations):
+        r, s = _stack(meas, apply(prior, names, x))
+        if r.size == 0:
+            return m0, p0
+        w = 1.0 / s ** 2
+        jac = np.empty((r.size, k))
+        for j in range(k):
+            dx = x.copy()
+            dx[j] += h
+            r2, _ = _stack(meas, apply(prior, names, dx))
+            jac[:, j] = (r2 - r) / h
+        info = jac.T @ (w[:, None] * jac) + p0_inv
+        grad = jac.T @ (w * r) + p0_inv @ (x - m0)
+        step = np.linalg.solve(info, -grad)
+        # damp steps that would leave the linear region (the model saturates and has kinks)
+        norm = float(np.max(np.abs(step)))
+        if norm > 0.7:
+            step *= 0.7 / norm
+        x = x + step
+        if constrained:
+            x = clip(prior, names, x)
+        if norm < 1e-4:
+            break
+    return x, np.linalg.inv(info)
+
+
+def _mean_rel_error(meas: Sequence[Measurement], cal: Calibration) -> float:
+    errs = []
+    for m in meas:
+        p = m.predict(cal)
+        for pred, obs in ((p.tpot_s, m.tpot_s), (p.ttft_s, m.ttft_s)):
+            if obs and obs > 0 and pred is not None and math.isfinite(pred):
+                errs.append(abs(pred - obs) / obs)
+            elif obs and obs > 0:
+                errs.append(1.0)
+    return float(np.mean(errs)) if errs else 0.0
+
+
+# A measured row the fitted model misses by more than this (relative, TPOT or TTFT) is an outlier:
+# a load the row does not describe (a client-side concurrency cap, a warm-up, a co-tenant).
+OUTLIER = math.log(1.5)
+# A fit held at a physical bound is still used when its error on the rows stays under this.
+ACCEPTABLE_ERROR = 0.05
+
+
+def fit_rows(prior: Calibration, meas: Sequence[Measurement],
+             names: Sequence[str] = FACTOR_NAMES) -> Fit:
+    """The calibration that best explains `meas` (measured rows) under the prior.
+
+    A fit that lands beyond physics (past `PHYSICS_TOLERANCE`) is rejected. Rows the fitted model
+    still misses by more than `OUTLIER` are set aside one at a time, worst first, while more than
+    one row is left; `Fit.outliers` names them."""
+    names = tuple(names)
+    prior_err = _mean_rel_error(meas, prior)
+    if not meas:
+        return Fit(prior, names, (0.0,) * len(names), (), prior_err, prior_err, 0)
+    kept = list(meas)
+    outliers: list[str] = []
+    while True:
+        free, _ = map_fit(prior, kept, names)
+        x, cov = map_fit(prior, kept, names, constrained=True)
+        cal = apply(prior, names, x)
+        worst = max((max((abs(v) for v in _residuals(m, cal)[0]), default=0.0) for m in kept), default=0.0)
+        if worst <= OUTLIER or len(kept) <= 1:
+            break
+        # the fit cannot hold every row: set aside the one the a-priori model (the independent
+        # judge; the fit was pulled by all of them) explains worst
+        judge = [max((abs(v) for v in _residuals(m, prior)[0]), default=0.0) for m in kept]
+        outliers.append(kept.pop(int(np.argmax(judge))).label)
+    cov_t = tuple(tuple(float(v) for v in row) for row in cov)
+    fit_err = _mean_rel_error(kept, cal)
+    broke = physical(prior, names, free, PHYSICS_TOLERANCE)
+    if broke:
+        # the best fit lies outside physics; the bounded one is kept only if it explains the rows
+        # nearly as well (the excess was noise the prior's other factors absorb), else rejected
+        free_err = _mean_rel_error(kept, apply(prior, names, free))
+        if fit_err > max(1.5 * free_err, ACCEPTABLE_ERROR):
+            return Fit(prior, names, tuple(float(v) for v in free), cov_t, prior_err, prior_err,
+                       len(kept), rejected=broke, outliers=tuple(outliers))
+    return Fit(cal, names, tuple(float(v) for v in x), cov_t, fit_err, prior_err,
+               len(kept), outliers=tuple(outliers))
+
+
+# ---------------------------------------------------------------------------------------------
+# Online: an iterated extended Kalman filter per pool of alike servers
+
+
+@dataclass
+class OnlineCalibration:
+    """Posterior over the log-multipliers of one pool (servers sharing model, GPU, TP,
+    quantization and vLLM version). `update` folds in one evaluation's measurement."""
+
+    names: tuple[str, ...] = ONLINE_FACTORS
+    mean: list[float] = field(default_factory=list)
+    cov: list[list[float]] = field(default_factory=list)
+    updates: int = 0
+    rejected: int = 0
+    last_error: float | None = None      # |relative TPOT error| of the last measurement, after update
+    targets: list[str] = field(default_factory=list)
+
+    # process noise per update (log scale): lets the filter follow a server whose speed changes
+    # (a driver upgrade, a co-tenant) instead of freezing after a day of data
+    PROCESS_SIGMA = 0.01
+
+    def __post_init__(self) -> None:
+        fs = _factors(self.names)
+        if not self.mean:
+            self.mean = [0.0] * len(fs)
+        if not self.cov:
+            self.cov = np.diag([f.prior_sigma ** 2 for f in fs]).tolist()
+
+    def calibration(self, prior: Calibration) -> Calibration:
+        return apply(prior, self.names, self.mean)
+
+    def tpot_sigma(self, prior: Calibration, meas: Measurement) -> float:
+        """Posterior standard deviation of log predicted TPOT at `meas`'s load (how sure the
+        calibrated model is there)."""
+        x = np.asarray(self.mean, float)
+        base = _log(meas.predict(apply(prior, self.names, x)).tpot_s)
+        g = np.empty(len(x))
+        for j in range(len(x)):
+            dx = x.copy()
+            dx[j] += 1e-3
+            g[j] = (_log(meas.predict(apply(prior, self.names, dx)).tpot_s) - base) / 1e-3
+        return float(math.sqrt(max(g @ np.asarray(self.cov) @ g, 0.0)))
+
+    def update(self, prior: Calibration, meas: Measurement) -> bool:
+        """Fold one measurement in. False (and counted) when the posterior would leave physics."""
+        p = np.asarray(self.cov, float) + np.eye(len(self.mean)) * self.PROCESS_SIGMA ** 2
+        x, cov = map_fit(prior, [meas], self.names, mean=self.mean, cov=p, iterations=8)
+        if physical(prior, self.names, x, PHYSICS_TOLERANCE):
+            self.rejected += 1
+            return False
+        x = clip(prior, self.names, x)
+        self.mean = [float(v) for v in x]
+        self.cov = [[float(v) for v in row] for row in cov]
+        self.updates += 1
+        pred = meas.predict(apply(prior, self.names, x)).tpot_s
+        if meas.tpot_s and pred and math.isfinite(pred):
+            self.last_error = abs(pred - meas.tpot_s) / meas.tpot_s
+        return True
+
+    def to_dict(self) -> dict[str, object]:
+        return {"names": list(self.names), "mean": self.mean, "cov": self.cov,
+                "updates": self.updates, "rejected": self.rejected, "last_error": self.last_error,
+                "targets": self.targets}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> "OnlineCalibration":
+        names = tuple(str(n) for n in data.get("names") or ONLINE_FACTORS)   # type: ignore[union-attr]
+        if set(names) - set(FACTOR_NAMES):
+            raise ValueError(f"unknown calibration factors {sorted(set(names) - set(FACTOR_NAMES))}")
+        mean = [float(v) for v in data.get("mean") or []]                    # type: ignore[union-attr]
+        cov = [[float(v) for v in row] for row in data.get("cov") or []]     # type: ignore[union-attr]
+        if mean and (len(mean) != len(names) or len(cov) != len(names)
+                     or any(len(r) != len(names) for r in cov)):
+            raise ValueError("calibration state: mean/cov do not match the factor names")
+        le = data.get("last_error")
+        return cls(names=names, mean=mean, cov=cov, updates=int(data.get("updates") or 0),  # type: ignore[arg-type]
+                   rejected=int(data.get("rejected") or 0),                                 # type: ignore[arg-type]
+                   last_error=None if le is None else float(le),                            # type: ignore[arg-type]
+                   targets=[str(t) for t in data.get("targets") or []])                     # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured rows (the columns of throughput-observations.csv, which `sweep --out` writes)
+
+REQUIRED_COLUMNS = ("model", "gpu", "tp", "input_len", "output_len", "concurrency", "tpot_ms", "ttft_ms")
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    gpu: str
+    tp: int
+    dtype: str
+    input_len: float
+    output_len: float
+    concurrency: float
+    tpot_s: float | None
+    ttft_s: float | None
+    line: int
+
+
+def read_rows(paths: Iterable[str | Path]) -> list[Row]:
+    """Rows of calibration CSV files. Bad files and lines raise InputError naming file and line."""
+    rows: list[Row] = []
+    for path in paths:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{p}: cannot read calibration file ({exc.strerror})") from None
+        reader = csv.DictReader(text.splitlines())
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise InputError(f"{p}: calibration file lacks column(s) {', '.join(missing)} "
+                             f"(expected the columns of throughput-observations.csv)")
+        for i, r in enumerate(reader, start=2):
+            try:
+                tpot = float(r["tpot_ms"]) / 1000 if (r.get("tpot_ms") or "").strip() else None
+                ttft = float(r["ttft_ms"]) / 1000 if (r.get("ttft_ms") or "").strip() else None
+                row = Row(model=r["model"].strip(), gpu=r["gpu"].strip(), tp=int(r["tp"]),
+                          dtype=(r.get("dtype") or "").strip().lower(),
+                          input_len=float(r["input_len"]), output_len=float(r["output_len"]),
+                          concurrency=float(r["concurrency"]), tpot_s=tpot, ttft_s=ttft, line=i)
+            except (TypeError, ValueError) as exc:
+                raise InputError(f"{p}: line {i}: {exc}") from None
+            if row.concurrency < 1 or row.input_len < 1 or row.output_len < 1:
+                raise InputError(f"{p}: line {i}: concurrency, input_len and output_len must be >= 1")
+            if (tpot is not None and tpot <= 0) or (ttft is not None and ttft <= 0):
+                raise InputError(f"{p}: line {i}: tpot_ms and ttft_ms must be > 0")
+            if tpot is None and ttft is None:
+                continue
+            rows.append(row)
+    return rows
+
+
+_DTYPE_QUANT = {"fp8": "fp8", "fp4": "fp4", "nvfp4": "fp4", "mxfp4": "mxfp4", "awq": "awq",
+                "gptq": "gptq", "int8": "w8a8", "w8a8": "w8a8", "w4a16": "w4a16"}
+
+
+def row_quantization(row: Row) -> str | None:
+    """The weight scheme a row's `dtype` column names (None for 16-bit)."""
+    return _DTYPE_QUANT.get(row.dtype)
+
+
+def matching(rows: Sequence[Row], *, model: str, gpu: str, tp: int, quantization: str | None,
+             same_model: Callable[[str, str], bool], same_gpu: Callable[[str, str], bool]) -> list[Row]:
+    """Rows of the same model, GPU, TP and weight scheme as the query."""
+    out = []
+    for r in rows:
+        if r.tp != tp or not same_model(r.model, model) or not same_gpu(r.gpu, gpu):
+            continue
+        if row_quantization(r) != _DTYPE_QUANT.get((quantization or "").lower()):
+            continue
+        out.append(r)
+    return out
+
+
+def _same_model(a: str, b: str) -> bool:
+    from exporter.model.architectures import resolve_model
+    if a.strip().lower() == b.strip().lower():
+        return True
+    try:
+        return resolve_model(a).name == resolve_model(b).name
+    except InputError:
+        return False
+
+
+def _same_gpu(a: str, b: str) -> bool:
+    from exporter.model.gpus import resolve_gpu
+    try:
+        return resolve_gpu(a).name == resolve_gpu(b).name
+    except InputError:
+        return a.strip().lower() == b.strip().lower()
+
+
+def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None) -> tuple[Fit, list[str]]:
+    """Fit `setup`'s step-time factors on the rows measured for the same model, GPU, TP and weight
+    scheme. Returns the fit (rows_used 0 when none match) and notes for the user."""
+    from exporter.model.perf import calibration_for, predict, shape_for
+    from exporter.model.traffic import Traffic
+
+    shape = shape_for(setup)
+    prior = calibration_for(shape.gpu_name, shape.gpu_vendor)
+    model_name = setup.model.name          # type: ignore[attr-defined]
+    gpu_name = setup.gpu.name              # type: ignore[attr-defined]
+    tp = setup.tp                          # type: ignore[attr-defined]
+    used = matching(rows, model=model_name, gpu=gpu_name, tp=tp, quantization=quantization,
+                    same_model=_same_model, same_gpu=_same_gpu)
+    notes: list[str] = []
+    if not used:
+        notes.append(f"calibration: none of {len(rows)} row(s) is for {model_name} on {tp} x {gpu_name}"
+                     f" with weights {quantization or '16-bit'}; the a-priori model is used")
+        return fit_rows(prior, []), notes
+
+    def measurement(r: Row) -> Measurement:
+        traffic = Traffic(prompt_tokens_mean=r.input_len, output_tokens_mean=r.output_len)
+        return Measurement(lambda cal: predict(setup, traffic, concurrency=r.concurrency, calibration=cal),
+                           r.tpot_s, r.ttft_s, weight=max(r.concurrency, 1.0) * 20,
+                           label=f"line {r.line}")
+
+    fit = fit_rows(prior, [measurement(r) for r in used])
+    if fit.outliers:
+        notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "
+                     f"together with the other rows: a load the row does not describe?)")
+    if fit.rejected:
+        notes.append(f"calibration rejected ({fit.rejected}): the a-priori model is used")
+    return fit, notes

@@ -1,0 +1,1 @@
+"""Self-contained HTML reports (calc, scan, sweep). Plotly lives in the optional `[report]` extra."""

@@ -1,0 +1,106 @@
+"""`calc --html`: one self-contained file with plots, checked statically and drawn by a real
+headless Chromium (Debian `chromium`, installed by scripts/test)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import main
+from exporter.reports.html import inline_js, page, plot, table
+from exporter.reports.scan import render_scan_report
+
+BASE = ["calc", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-SXM-80GB"]
+EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["'](?:https?:)?//""", re.I)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("calc") / "r.html"
+    assert main([*BASE, "--profile", "chatbot", "--html", str(path), "--json"]) == 0
+    return path
+
+
+def test_report_is_self_contained_with_plots(report):
+    html = report.read_text(encoding="utf-8")
+    assert html.count("Plotly.newPlot(") >= 4           # memory, concurrency, sweep, spec decode
+    assert not EXTERNAL.findall(html)
+    assert "<script src" not in html and "<link" not in html
+    import plotly.offline
+    assert html.count(inline_js(plotly.offline.get_plotlyjs()[:300])) == 1   # plotly.js inlined once
+    for heading in ("Memory", "Throughput and latency vs concurrency", "Trade-off table: max_num_seqs",
+                    "Speculative decoding", "GPU tiers", "chatbot"):
+        assert heading in html
+    assert 'class="mark"' in html                         # the recommended row is highlighted
+
+
+def _chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not exe:
+        pytest.skip("Debian chromium not installed (scripts/test installs it)")
+    return exe
+
+
+def _dump_dom(path: Path) -> str:
+    r = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--virtual-time-budget=8000", "--dump-dom", path.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    return r.stdout
+
+
+def test_chromium_draws_every_plot(report):
+    dom = _dump_dom(report)
+    drawn = len(re.findall(r'<div class="plot-container plotly"', dom))
+    assert drawn >= 4, f"{drawn} plots drawn"
+    assert dom.count('<svg class="main-svg"') >= 2 * drawn   # plotly's svg layers exist: it ran
+    assert len(re.findall(r'class="(?:bars|trace scatter)', dom)) >= 4  # with data in them
+
+
+def test_scan_report_from_a_real_scan(tmp_path, shared, cli_env):
+    prom = shared("fixtures", "prom", "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom")
+    r = subprocess.run([sys.executable, "-m", "exporter", "scan", str(prom), "--gpu", "L40S", "--json"],
+                       capture_output=True, text=True, timeout=120, env=cli_env)
+    assert r.returncode in (0, 1), r.stderr   # scan may exit 1 when it has findings
+    doc = json.loads(r.stdout)
+    out = tmp_path / "scan.html"
+    out.write_text(render_scan_report(doc), encoding="utf-8")
+    html = out.read_text(encoding="utf-8")
+    assert "KV cache tokens: observed vs predicted" in html and "Qwen" in html
+    assert not EXTERNAL.findall(html)
+    dom = _dump_dom(out)
+    assert len(re.findall(r'<div class="plot-container plotly"', dom)) >= 2
+
+
+def test_page_without_plots_carries_no_script():
+    html = page("t", [table(["a", "b"], [[1, None], ["x", 2.5]])])
+    assert "<script" not in html and "<td>—</td>" in html and '<td class="num">2.5</td>' in html
+
+
+def test_inline_js_keeps_string_values():
+    js = 't.href="https://plotly.com/";a=\'<a href="http://x">\';</script>'
+    out = inline_js(js)
+    assert not EXTERNAL.findall(out) and "</script" not in out
+    # the escapes decode to the same strings in JavaScript (JSON shares the \\/ escape)
+    assert json.loads('"' + out.split('"')[1] + '"') == "https://plotly.com/"
+
+
+def test_missing_plotly_is_one_line_naming_the_extra(tmp_path):
+    code = ("import sys; sys.modules['plotly'] = None; from exporter.cli import main; "
+            f"sys.exit(main({[*BASE, '--html', str(tmp_path / 'r.html')]!r}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "vllm-drift calc: error: HTML reports need plotly: pip install 'vllm-drift[report]'"
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_plot_needs_plotly_too(monkeypatch):
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    from exporter.errors import InputError
+    with pytest.raises(InputError, match=r"\[report\]"):
+        plot(object())

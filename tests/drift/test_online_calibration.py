@@ -1,0 +1,135 @@
+"""Online self-calibration through the pipeline: a simulated server whose true step times are
+1.5x what the calculator predicts (and says nothing about it) is learned from its own window; a
+new replica of the same pool starts calibrated from what its peers taught; fits survive a daemon
+restart through the state file; an unscaled healthy server stays quiet."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from dataclasses import replace
+
+from exporter.config import Config, EvaluationConfig, ScrapeConfig, TargetSpec
+from exporter.daemon import Daemon
+from exporter.parse import parse_vllm
+from exporter.parse.metadata import Metadata
+from exporter.pipeline import Pipelines
+from exporter.sim.scenario import build, load_scenario
+
+URL = "http://127.0.0.1:{}"
+
+
+def _server(seed: int, scale: float = 1.5):
+    return build(replace(load_scenario("healthy"), step_time_scale=scale), seed=seed)
+
+
+def _feed(fleet: Pipelines, state, url: str, t0: float, seconds: float, scrape_s: float = 15.0):
+    """Scrape a simulated server into its pipeline for `seconds` of sim time; evaluate at the end."""
+    name = state.model_name
+    pipe = fleet.pipeline(TargetSpec(url=url, gpu="L4"), name)
+    meta = Metadata(vllm_version=state.version, served_models=(name,),
+                    max_model_len={name: state.max_model_len}, root={name: state.scenario.model})
+    t = t0
+    while t < t0 + seconds:
+        t += scrape_s
+        state.engine.advance_to(state.scenario.warmup_s + t)
+        [snap] = parse_vllm(state.exposition(), target=url, timestamp=1.7e9 + t)
+        pipe.observe(snap)
+    return pipe, pipe.evaluate(meta, 1.7e9 + t), (snap, meta)
+
+
+def _observed_tpot(report) -> float:
+    return report.observed["tpot_mean_s"]
+
+
+def test_a_slower_server_is_learned_from_its_window():
+    fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    _, rep, _ = _feed(fleet, _server(1), URL.format(1), 0.0, 240.0)
+    obs = _observed_tpot(rep)
+    assert rep.prediction_basis == "calibrated"
+    assert abs(rep.predicted_tpot_seconds - obs) / obs < 0.05
+    assert abs(rep.prior_tpot_seconds - obs) / obs > 0.2
+    doc = rep.to_json()["predicted"]
+    assert doc["basis"] == "calibrated" and doc["prior_tpot_seconds"] == rep.prior_tpot_seconds
+    assert set(doc["calibration"]["factors"]) == {"step_overhead", "bandwidth_efficiency",
+                                                  "compute_efficiency", "per_token"}
+
+
+def test_a_new_replica_starts_from_what_its_pool_learned():
+    fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    for i in range(3):
+        _feed(fleet, _server(10 + i), URL.format(10 + i), 0.0, 240.0)
+    # a fourth replica, two scrapes old: too few requests of its own to be a measurement
+    _, rep, _ = _feed(fleet, _server(20), URL.format(20), 0.0, 4.0, scrape_s=2.0)
+    assert rep.prediction_basis == "calibrated"
+    alone = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    _, rep_alone, _ = _feed(alone, _server(20), URL.format(20), 0.0, 4.0, scrape_s=2.0)
+    assert rep_alone.prediction_basis == "prior"
+    assert rep.predicted_tpot_seconds > 1.3 * rep_alone.predicted_tpot_seconds
+
+
+def test_pools_survive_the_state_document():
+    fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    pipe, rep, (snap, meta) = _feed(fleet, _server(1), URL.format(1), 0.0, 240.0)
+    doc = json.loads(json.dumps(fleet.to_state([pipe])))
+    again = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    again.restore(doc)
+    fresh = again.pipeline(TargetSpec(url=URL.format(1), gpu="L4"), snap.model_name, window_s=600)
+    fresh.observe(snap)
+    rep2 = fresh.evaluate(meta, snap.timestamp)
+    assert rep2.prediction_basis == "calibrated"
+    assert abs(rep2.predicted_tpot_seconds - rep.predicted_tpot_seconds) / rep.predicted_tpot_seconds < 0.02
+
+
+def test_daemon_restart_resumes_with_its_fits(tmp_path):
+    import loopback
+    import time
+    state = _server(3)
+    state.speed = 60.0
+    t0 = time.monotonic()
+    name = state.model_name.encode()
+    models = b'{"object":"list","data":[{"id":"' + name + b'","object":"model","root":"' + name + b'"}]}'
+
+    def metrics() -> bytes:
+        state.tick(time.monotonic() - t0)
+        return state.exposition().encode()
+
+    def cfg(url):
+        return Config(listen="127.0.0.1:0", scrape=ScrapeConfig(interval=0.5, timeout=0.5, jitter=0.01),
+                      evaluation=EvaluationConfig(interval=1.0, window=60.0),
+                      targets=[TargetSpec(url=url, gpu="L4")], state_dir=str(tmp_path))
+
+    with loopback.Site(loopback.static({"/metrics": metrics, "/v1/models": models,
+                                        "/version": b'{"version":"' + state.version.encode() + b'"}'})) as site:
+        d1 = Daemon(cfg(site.url))
+        asyncio.run(d1.run(duration=6.0))
+        saved = json.loads((tmp_path / "drift-state.json").read_text())["state"]["calibration"]["pools"]
+        assert saved and all(p["updates"] >= 1 for p in saved.values())
+        d2 = Daemon(cfg(site.url))
+        d2.load_state()
+        assert d2.pipelines.calibration.pools.keys() == saved.keys()
+        [pool] = d2.pipelines.calibration.pools.values()
+        assert pool.mean == next(iter(saved.values()))["mean"]
+
+
+def test_scan_of_a_dumped_pair(tmp_path, cli_env):
+    """The outside check's scenario through the CLI: two dumps of one seed, 120 and 240 s."""
+    def dump(name, seconds, *extra):
+        path = tmp_path / name
+        with open(path, "w") as f:
+            subprocess.run(["vllm-drift", "simulate", "--scenario", "healthy", "--seed", "11", "--dump",
+                            str(seconds), *extra], stdout=f, check=True, env=cli_env, timeout=300)
+        return str(path)
+
+    def scan(a, b):
+        out = subprocess.run(["vllm-drift", "scan", a, "--after", b, "--gpu", "L4", "--json"],
+                             capture_output=True, text=True, env=cli_env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["targets"][0]
+
+    slow = scan(dump("sa", 120, "--step-time-scale", "1.5"), dump("sb", 240, "--step-time-scale", "1.5"))
+    obs, pred = slow["observed"]["tpot_mean_s"], slow["predicted"]
+    assert pred["basis"] == "calibrated" and abs(pred["tpot_seconds"] - obs) / obs < 0.05
+    assert abs(pred["prior_tpot_seconds"] - obs) / obs > 0.2
+    healthy = scan(dump("ha", 120), dump("hb", 240))
+    assert not [f for f in healthy["findings"] if f["severity"] in ("warning", "critical")]

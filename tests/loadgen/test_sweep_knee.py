@@ -1,0 +1,51 @@
+"""The sweep against a simulated server over loopback: the knee it finds is the simulated engine's
+own saturation — `max_num_seqs` when that binds, the KV pool when it does — and the server's
+/metrics read during each level agree with what the sweep measured."""
+from __future__ import annotations
+
+import asyncio
+
+from exporter.loadgen.client import Api
+from exporter.loadgen.prediction import predictions
+from exporter.loadgen.runner import SweepConfig, run_sweep
+from exporter.loadgen.stats import find_knee
+from sim_running import quiet_scenario, start
+
+SPEED = 5.0          # sim seconds per wall second: an 8B decode step on an L4 takes ~15 ms of wall time
+
+
+def _sweep(url, model, **kw):
+    cfg = SweepConfig(api=Api(url, model), prompt_tokens=96, output_tokens=24, max_concurrency=32,
+                      max_requests=40, max_duration=3.0, settle_s=0.2, **kw)
+    return asyncio.run(run_sweep(cfg))
+
+
+def test_knee_is_max_num_seqs(tmp_path):
+    srv, st = start(quiet_scenario(tmp_path, max_num_seqs=8, speed=SPEED))
+    with srv:
+        res = _sweep(srv.urls[0], st.model_name)
+    assert res.knee is not None and res.knee.reason == "saturated", [l["output_tokens_per_s"] for l in res.levels]
+    assert res.knee.level == st.engine.cfg.max_num_seqs == 8
+    assert res.stopped == "knee found" and [lv["concurrency"] for lv in res.levels] == [1, 2, 4, 8, 16]
+    lv8, lv16 = res.levels[3], res.levels[4]
+    # the server's own gauges: 8 running at most, the other 8 clients queue at 16
+    assert lv8["running_max"] == 8 and lv16["running_max"] == 8 and lv16["waiting_max"] >= 6
+    assert lv16["ttft_p50_s"] > 2 * lv8["ttft_p50_s"]
+    assert all(lv["failed"] == 0 and lv["usage_reported"] for lv in res.levels)
+    assert all(lv["output_tokens_mean"] == 24 and lv["prompt_tokens_mean"] == 96 for lv in res.levels)
+    # the calculator, told max_num_seqs, puts the knee at the same level
+    pred, _ = predictions(st.scenario.model, "L4", 1, 96, 24, [1, 2, 4, 8, 16], max_num_seqs=8)
+    assert find_knee([{"concurrency": p["x"], "output_tokens_per_s": p["output_tokens_per_s"]} for p in pred]).level == 8
+    # client-side TTFT/TPOT against the engine's histograms over the same level (sim time / speed)
+    for lv in res.levels:
+        assert abs(lv["server_tpot_mean_s"] / SPEED - lv["tpot_mean_s"]) < 0.25 * lv["tpot_mean_s"]
+
+
+def test_knee_is_the_kv_pool(tmp_path):
+    # 96 + 24 tokens = 8 blocks of 16 per request; 33 blocks (32 usable) hold exactly 4 requests
+    srv, st = start(quiet_scenario(tmp_path, max_num_seqs=64, num_gpu_blocks=33, speed=SPEED, name="kv",
+                                      max_model_len=512))
+    with srv:
+        res = _sweep(srv.urls[0], st.model_name)
+    assert res.knee is not None and res.knee.level == 4, [lv["output_tokens_per_s"] for lv in res.levels]
+    assert res.levels[res.knee.index + 1]["kv_usage_max"] > 0.9

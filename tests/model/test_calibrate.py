@@ -1,0 +1,237 @@
+"""Calibration of the step-time model: offline rows (`calc --calibrate`), the online filter, and
+the simulator's hidden step-time scale (`simulate --step-time-scale`)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from exporter.errors import InputError
+from exporter.model.calibrate import (ONLINE_FACTORS, Measurement, OnlineCalibration, apply, fit_rows,
+                                      physical, read_rows)
+from exporter.model.perf import calibration_for, predict, shape_for
+from exporter.model.setup import Setup
+from exporter.model.traffic import Traffic
+
+COLUMNS = ["model", "gpu", "tp", "dtype", "input_len", "output_len", "concurrency", "output_tok_s",
+           "tpot_ms", "ttft_ms"]
+
+
+def _setup() -> Setup:
+    return Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100", tp=1)
+
+
+def _truth(setup: Setup):
+    """A server unlike the catalog: 40 % more per-step overhead, 15 % less bandwidth."""
+    prior = calibration_for(shape_for(setup).gpu_name)
+    return prior, replace(prior, step_overhead_s=prior.step_overhead_s * 1.4, bw_eff=prior.bw_eff * 0.85)
+
+
+def _measure(setup, cal, c, prompt=1024, output=256) -> Measurement:
+    t = Traffic(prompt_tokens_mean=prompt, output_tokens_mean=output)
+    true = predict(setup, t, concurrency=c, calibration=cal)
+    return Measurement(lambda k: predict(setup, t, concurrency=c, calibration=k), true.tpot_s, true.ttft_s,
+                       weight=c * 20, label=f"c={c}")
+
+
+def test_fit_from_two_levels_predicts_the_levels_between():
+    setup = _setup()
+    prior, truth = _truth(setup)
+    fit = fit_rows(prior, [_measure(setup, truth, 1), _measure(setup, truth, 64)])
+    assert fit.rows_used == 2 and fit.rejected is None
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=256)
+    for c in (4, 8, 16, 32):
+        want = predict(setup, t, concurrency=c, calibration=truth)
+        got = predict(setup, t, concurrency=c, calibration=fit.calibration)
+        before = predict(setup, t, concurrency=c)
+        assert abs(got.tpot_s - want.tpot_s) / want.tpot_s < 0.03
+        # and the fit is better than the prior it started from
+        assert abs(got.tpot_s - want.tpot_s) < abs(before.tpot_s - want.tpot_s)
+
+
+def test_an_unphysical_fit_is_rejected():
+    setup = _setup()
+    prior = calibration_for(shape_for(setup).gpu_name)
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=256)
+    fast = predict(setup, t, concurrency=8).tpot_s / 4   # 4x faster than bandwidth allows
+    m = Measurement(lambda k: predict(setup, t, concurrency=8, calibration=k), fast, None, weight=500)
+    fit = fit_rows(prior, [m])
+    assert fit.rejected and "bw_eff" in fit.rejected
+    assert fit.calibration == prior
+    assert physical(prior, ("bandwidth_efficiency",), [math.log(2.0)]) is not None
+
+
+def test_online_filter_converges_and_pools_faster_than_one_server():
+    """Noisy evaluations (each a window of a few requests, ~9 % noise): one server alone, and a pool
+    of three alike servers feeding one filter. Averaged over seeds, the pool is closer sooner."""
+    import random
+    setup = _setup()
+    prior, truth = _truth(setup)
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=256)
+    want = predict(setup, t, concurrency=10, calibration=truth).tpot_s
+
+    def err(filt):
+        return abs(predict(setup, t, concurrency=10, calibration=filt.calibration(prior)).tpot_s - want) / want
+
+    def noisy(rng, c):
+        m = _measure(setup, truth, c)
+        return Measurement(m.predict, m.tpot_s * math.exp(rng.gauss(0, 0.09)), None, weight=5)
+
+    alone_curve, pool_curve = [0.0] * 6, [0.0] * 6
+    seeds = range(8)
+    for seed in seeds:
+        rng = random.Random(seed)
+        alone, pool = OnlineCalibration(), OnlineCalibration()
+        for i in range(6):
+            c = rng.choice([4, 8, 12, 16, 24, 32])
+            alone.update(prior, noisy(rng, c))
+            for peer in (c, c + 2, c + 5):            # three servers of one pool report each round
+                pool.update(prior, noisy(rng, peer))
+            alone_curve[i] += err(alone) / len(seeds)
+            pool_curve[i] += err(pool) / len(seeds)
+    start = err(OnlineCalibration())
+    assert start > 0.1                                   # the prior is far off this server
+    assert alone_curve[-1] < start / 3                   # one server alone learns
+    assert sum(pool_curve[:3]) < sum(alone_curve[:3])    # the fleet teaches faster
+    assert pool_curve[-1] < 0.05
+    # the state survives a round trip through the state file's JSON
+    again = OnlineCalibration.from_dict(json.loads(json.dumps(pool.to_dict())))
+    assert again.calibration(prior) == pool.calibration(prior)
+    assert again.names == ONLINE_FACTORS
+
+
+def test_online_update_that_breaks_physics_is_counted_not_applied():
+    setup = _setup()
+    prior = calibration_for(shape_for(setup).gpu_name)
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=256)
+    impossible = predict(setup, t, concurrency=8).tpot_s / 5
+    filt = OnlineCalibration()
+    ok = filt.update(prior, Measurement(lambda k: predict(setup, t, concurrency=8, calibration=k),
+                                        impossible, None, weight=1000))
+    assert not ok and filt.rejected == 1 and filt.updates == 0
+    assert filt.calibration(prior) == apply(prior, ONLINE_FACTORS, [0.0] * len(ONLINE_FACTORS))
+
+
+def test_bad_calibration_files_name_file_and_line(tmp_path):
+    missing = tmp_path / "a.csv"
+    missing.write_text("model,gpu,tp\nx,y,1\n")
+    with pytest.raises(InputError, match=r"a\.csv: calibration file lacks column\(s\) input_len"):
+        read_rows([missing])
+    bad = tmp_path / "b.csv"
+    bad.write_text(",".join(COLUMNS) + "\nm,H100,1,bf16,1024,256,four,,20,100\n")
+    with pytest.raises(InputError, match=r"b\.csv: line 2"):
+        read_rows([bad])
+    with pytest.raises(InputError, match="cannot read calibration file"):
+        read_rows([tmp_path / "nope.csv"])
+
+
+def _write_rows(path, setup, cal, levels, model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-SXM-80GB"):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for c in levels:
+            p = predict(setup, Traffic(prompt_tokens_mean=1024, output_tokens_mean=256), concurrency=c,
+                        calibration=cal)
+            w.writerow([model, gpu, 1, "bf16", 1024, 256, c, "", p.tpot_s * 1000, p.ttft_s * 1000])
+
+
+def test_calc_calibrate_uses_matching_rows(tmp_path, cli_env):
+    setup = _setup()
+    prior, truth = _truth(setup)
+    cal_csv = tmp_path / "cal.csv"
+    _write_rows(cal_csv, setup, truth, [1, 64])
+    base = ["vllm-drift", "calc", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+            "--prompt-tokens", "1024", "--output-tokens", "256", "--concurrency", "16", "--json"]
+    out = subprocess.run(base + ["--calibrate", str(cal_csv)], capture_output=True, text=True, env=cli_env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["calibration"]["rows_used"] == 2 and doc["predicted"]["basis"] == "calibrated"
+    want = predict(setup, Traffic(prompt_tokens_mean=1024, output_tokens_mean=256), concurrency=16,
+                   calibration=truth).tpot_s
+    assert abs(doc["predicted"]["tpot_s"] - want) / want < 0.03
+    assert abs(doc["predicted"]["prior_tpot_s"] - want) / want > 0.05
+    # rows for another GPU are not used, and the output says so
+    other = tmp_path / "other.csv"
+    _write_rows(other, setup, truth, [1, 64], gpu="A100-SXM-80GB")
+    out = subprocess.run(base + ["--calibrate", str(other)], capture_output=True, text=True, env=cli_env,
+                         timeout=120)
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["calibration"]["rows_used"] == 0
+    assert doc["predicted"]["basis"] == "prior"
+    assert any("none of 2 row(s)" in n for n in doc["notes"])
+    bad = subprocess.run(base + ["--calibrate", str(tmp_path / "absent.csv")], capture_output=True,
+                         text=True, env=cli_env, timeout=120)
+    assert bad.returncode == 2 and "absent.csv" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_calibrated_accuracy_on_shared_rows(shared):
+    """Lowest and highest concurrency of each measured group in, the levels between predicted:
+    the calibrated model must beat the a-priori one on levels it did not see."""
+    from collections import defaultdict
+    path = shared("fixtures", "throughput-observations.csv")
+    groups = defaultdict(list)
+    for r in csv.DictReader(open(path)):
+        if r["num_gpus"] == r["tp"] and r["tpot_ms"] and r["ttft_ms"] and r["model"] != "openai/gpt-oss-120b":
+            groups[(r["model"], r["gpu"], r["tp"], r["dtype"], r["input_len"], r["output_len"])].append(r)
+    prior_err, cal_err = [], []
+    for key, rows in sorted(groups.items()):
+        levels = sorted({int(r["concurrency"]) for r in rows})
+        if len(levels) < 4:
+            continue
+        q = {"fp8": "fp8", "fp4": "fp4"}.get(key[3])
+        setup = Setup.build(key[0], key[1], tp=int(key[2]), quantization=q)
+        t = Traffic(prompt_tokens_mean=float(key[4]), output_tokens_mean=float(key[5]))
+        seen = [r for r in rows if int(r["concurrency"]) in (levels[0], levels[-1])]
+        meas = [Measurement((lambda c: lambda k: predict(setup, t, concurrency=c, calibration=k))(int(r["concurrency"])),
+                            float(r["tpot_ms"]) / 1000, float(r["ttft_ms"]) / 1000, weight=int(r["concurrency"]) * 20)
+                for r in seen]
+        fit = fit_rows(calibration_for(shape_for(setup).gpu_name), meas)
+        for r in rows:
+            if int(r["concurrency"]) in (levels[0], levels[-1]):
+                continue
+            obs = float(r["tpot_ms"]) / 1000
+            prior_err.append(abs(predict(setup, t, concurrency=int(r["concurrency"])).tpot_s - obs) / obs)
+            cal_err.append(abs(predict(setup, t, concurrency=int(r["concurrency"]),
+                                       calibration=fit.calibration).tpot_s - obs) / obs)
+    assert len(cal_err) > 20
+    assert sum(cal_err) / len(cal_err) < sum(prior_err) / len(prior_err)
+
+
+def test_step_time_scale_is_hidden_and_dumps_pair(cli_env, tmp_path):
+    def dump(seconds, *extra):
+        out = subprocess.run(["vllm-drift", "simulate", "--scenario", "healthy", "--seed", "3", "--dump",
+                              str(seconds), *extra], capture_output=True, text=True, env=cli_env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def tpot_mean(text):
+        vals = {}
+        for line in text.splitlines():
+            for k in ("time_per_output_token_seconds_sum", "time_per_output_token_seconds_count"):
+                if line.startswith(f"vllm:{k}"):
+                    vals[k] = float(line.rsplit(" ", 1)[1])
+        return vals["time_per_output_token_seconds_sum"] / vals["time_per_output_token_seconds_count"]
+
+    plain, slow, slow_later = dump(60), dump(60, "--step-time-scale", "1.5"), dump(90, "--step-time-scale", "1.5")
+    # the exposition carries no trace of the scale: same families, same labels
+    names = lambda t: sorted({ln.split("{")[0].split(" ")[0] for ln in t.splitlines() if ln and ln[0] != "#"})
+    assert names(plain) == names(slow)
+    # (above 1.5 by the batching feedback: slower steps hold more requests in each batch)
+    assert 1.3 < tpot_mean(slow) / tpot_mean(plain) < 1.8
+    # one seed, two lengths: one run (same start time), time stamps 30 s apart, counters growing
+    t1 = float(slow.splitlines()[0].rsplit(" ", 1)[1])
+    t2 = float(slow_later.splitlines()[0].rsplit(" ", 1)[1])
+    assert t2 - t1 == pytest.approx(30.0)
+    start = [ln for ln in slow.splitlines() if ln.startswith("process_start_time_seconds")]
+    assert start == [ln for ln in slow_later.splitlines() if ln.startswith("process_start_time_seconds")]
+    (tmp_path / "a.prom").write_text(slow)
+    (tmp_path / "b.prom").write_text(slow_later)
+    out = subprocess.run(["vllm-drift", "scan", str(tmp_path / "a.prom"), "--after", str(tmp_path / "b.prom"),
+                          "--gpu", "L4", "--json"], capture_output=True, text=True, env=cli_env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["targets"][0]["observed"]["tpot_mean_s"]

@@ -1,0 +1,197 @@
+"""The physics of issue 14 on hand-computable cases: experts over tp x dp ranks (with and without
+expert parallelism), the V0 era's device-wide non-torch memory, the per-token cost split over
+TP, per-GPU-class factors, the fused-MoE kernel efficiency per weight format, the all-reduce
+latency by interconnect and admission by KV blocks rather than by requests."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import fields, replace
+
+import pytest
+
+from exporter.model import kv_cache, perf
+from exporter.model.kv_cache import GIB, non_torch_bytes, weights_bytes
+from exporter.model.setup import Setup
+
+MOE = "Qwen/Qwen3-235B-A22B"       # 128 routed experts, 8 per token, 94 layers
+MIXTRAL = "mistralai/Mixtral-8x7B-Instruct-v0.1"  # 8 experts: not divisible by 3 ranks
+
+
+def _experts_bytes(setup: Setup) -> float:
+    _, experts, _ = setup.model.layer_params()
+    return experts * setup.dtype_bytes
+
+
+def test_data_parallel_spreads_the_experts_over_tp_times_dp_ranks():
+    one = Setup.build(MOE, "H200", tp=4, max_model_len=8192)
+    two = one.with_(dp=2)
+    # vLLM's fused-MoE layer is tensor-parallel over tp x dp GPUs: the expert weights per GPU
+    # halve, everything else (attention, dense parts, embeddings) is per engine, unchanged
+    assert weights_bytes(one) - weights_bytes(two) == pytest.approx(_experts_bytes(one) / 8, rel=1e-9)
+    assert two.total_gpus == 8 and two.num_gpus == 4
+
+
+def test_expert_parallel_gives_whole_experts_and_the_limiting_rank_the_remainder():
+    base = Setup.build(MIXTRAL, "H100", tp=1, max_model_len=8192)
+    tp3 = base.with_(tp=3)
+    ep3 = tp3.with_(expert_parallel=True)
+    # 8 experts over 3 ranks: ranks hold 3, 3, 2; the KV pool is the minimum over ranks, so the
+    # rank with 3 whole experts decides (tensor-split experts would be 8/3 each)
+    diff = weights_bytes(ep3) - weights_bytes(tp3)
+    assert diff == pytest.approx(_experts_bytes(base) * (3 / 8 - 1 / 3), rel=1e-9)
+
+
+def test_expert_parallel_is_ignored_for_dense_models():
+    s = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100", tp=2, max_model_len=8192,
+                    expert_parallel=True)
+    assert s.expert_parallel is False
+
+
+def test_v0_before_0_6_4_counts_the_cuda_context_and_nccl_init_as_non_torch():
+    old = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "T4", tp=1, max_model_len=4096,
+                      vllm_version="0.6.3")
+    new = old.with_(vllm_version=(0, 6, 4))
+    c = kv_cache.CALIBRATION
+    assert non_torch_bytes(old) - non_torch_bytes(new) == pytest.approx(c["cuda_context_gib"] * GIB)
+    old2, new2 = old.with_(tp=2), new.with_(tp=2)
+    assert non_torch_bytes(old2) - non_torch_bytes(new2) == pytest.approx(
+        (c["cuda_context_gib"] + c["nccl_init_gib"]) * GIB)
+
+
+def test_calc_json_still_prints_the_document_when_max_model_len_does_not_fit():
+    out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model",
+                          "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len",
+                          "131072", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    doc = json.loads(out.stdout)
+    kv = doc["kv_cache"]
+    assert kv["fits"] is False and kv["tokens"] > 0
+    assert kv["blocks_per_request"] > kv["gpu_blocks"]
+    # the one-line error names the same estimated maximum length vLLM's error names
+    assert f"estimated maximum model length is {kv['estimated_max_model_len']}" in out.stderr
+    assert 0 < kv["estimated_max_model_len"] < 131072
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_calc_accepts_data_and_expert_parallel():
+    out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", MOE, "--gpu", "H200",
+                          "--tp", "4", "--data-parallel", "2", "--enable-expert-parallel",
+                          "--max-model-len", "8192", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["setup"]["data_parallel"] == 2 and doc["setup"]["expert_parallel"] is True
+    assert doc["kv_cache"]["fits"] is True
+
+
+def test_per_token_cost_is_split_over_tp_ranks_and_scales_with_bandwidth():
+    s = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100", max_model_len=8192)
+    cal = perf.calibration_for(s.gpu.name)
+    sh1 = perf.shape_for(s)
+    # same shape on 8 ranks, all-reduce and FLOPs/bytes unchanged: only the per-token term moves
+    sh8 = replace(sh1, tp=8, link_bytes_per_s=math.inf)
+    lat0 = replace(cal, layer_sync_s=0.0)
+    d1 = perf.step_time_shape(sh1, lat0, 0, 0, 2000) - perf.step_time_shape(sh1, lat0, 0, 0, 1000)
+    d8 = perf.step_time_shape(sh8, lat0, 0, 0, 2000) - perf.step_time_shape(sh8, lat0, 0, 0, 1000)
+    assert d1 - d8 == pytest.approx(1000 * cal.per_token_s * (1 - 1 / 8), rel=1e-9)
+    fast = replace(sh1, bw_bytes_per_s=2 * sh1.bw_bytes_per_s)
+    t_fast = perf.step_time_shape(fast, cal, 0, 0, 1, 0)
+    t_slow = perf.step_time_shape(sh1, cal, 0, 0, 1, 0)
+    assert t_slow > t_fast  # bytes and the per-token work both take half the time
+
+
+def test_blackwell_has_its_own_class_and_host_costs_carry_over():
+    assert perf.gpu_class("B200-180GB") == "blackwell"
+    hop, bw = perf.calibration_for("H100"), perf.calibration_for("B200")
+    assert bw.gpu_class == "blackwell" and bw is not hop
+    assert bw.step_overhead_s == hop.step_overhead_s and bw.per_seq_s == hop.per_seq_s
+    assert bw.flops_eff_bf16 < hop.flops_eff_bf16
+
+
+def test_step_factors_are_fields_of_the_one_calibration_dataclass():
+    names = {f.name for f in fields(perf.Calibration)}
+    assert set(perf.STEP_FACTORS) <= names and set(perf.TTFT_FACTORS) <= names
+
+
+def test_fp8_experts_are_read_at_the_fp8_moe_kernel_efficiency():
+    fp8 = perf.shape_for(Setup.build(MOE, "H200", tp=8, quantization="fp8", max_model_len=8192))
+    assert fp8.expert_kernel_eff == perf.MOE_FORMAT_EFF["fp8"] < 1.0
+    cal = perf.calibration_for("H200")
+    ideal = replace(fp8, expert_kernel_eff=1.0)
+    # at batch 64 nearly every expert is touched; the gap is exactly those bytes at the lower rate
+    b = 64
+    touched = fp8.expert_weight_bytes * (1 - (1 - fp8.experts_per_token / fp8.n_experts) ** b)
+    bw = cal.bw_eff * fp8.bw_bytes_per_s * cal.moe_bw_eff
+    gap = perf.step_time_shape(fp8, cal, b, b * 100, 0) - perf.step_time_shape(ideal, cal, b, b * 100, 0)
+    assert gap == pytest.approx(touched / bw * (1 / fp8.expert_kernel_eff - 1), rel=1e-6)
+
+
+def test_all_reduce_latency_grows_with_ranks_on_pcie_only():
+    pcie = perf.shape_for(Setup.build("meta-llama/Llama-3.1-8B-Instruct", "L40S", tp=4, max_model_len=4096))
+    nvl = perf.shape_for(Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100", tp=4, max_model_len=4096))
+    two = perf.shape_for(Setup.build("meta-llama/Llama-3.1-8B-Instruct", "L40S", tp=2, max_model_len=4096))
+    # vLLM's custom all-reduce is off on more than two PCIe-only GPUs: NCCL's ring pays per hop
+    assert pcie.allreduce_hops == 3 and nvl.allreduce_hops == 1 and two.allreduce_hops == 1
+
+
+def _over(prompt: float, out: float, factor: float, **kw):
+    s = Setup.build("meta-llama/Llama-3.1-70B-Instruct", "H200", quantization="fp8", max_model_len=16384, **kw)
+    sh, cal, kv = perf.shape_for(s), perf.calibration_for(s.gpu.name), perf.kv_tokens_for(s)
+    cap = perf.steady_state(sh, cal, prompt=prompt, output=out, hit=0.0, max_batched_tokens=s.max_num_batched_tokens,
+                            max_seqs=s.max_num_seqs, kv_tokens=kv, clients=1.0).capacity
+    return perf.steady_state(sh, cal, prompt=prompt, output=out, hit=0.0,
+                             max_batched_tokens=s.max_num_batched_tokens, max_seqs=s.max_num_seqs,
+                             kv_tokens=kv, clients=math.ceil(cap * factor)), cap
+
+
+def test_short_prompts_over_kv_capacity_are_admitted_by_blocks_and_stall_instead():
+    # 1k prompts, 8k outputs, 1.3x the clients the pool holds on average: every prompt fits the
+    # pool, so vLLM admits them (by blocks) and the overload shows up as preemption stalls
+    op, cap = _over(1024, 8192, 1.3)
+    assert op.saturated and op.queue_wait_s == pytest.approx(0.0, abs=1e-9)
+    light, _ = _over(1024, 8192, 0.9)
+    assert op.tpot_s > 1.2 * light.tpot_s
+
+
+def test_long_prompts_over_kv_capacity_wait_before_their_first_token():
+    op, cap = _over(8192, 512, 1.5)
+    assert op.queue_wait_s > 0.5 * op.ttft_s
+
+
+def test_when_max_num_seqs_binds_all_the_wait_is_before_the_first_token():
+    op, cap = _over(128, 128, 2.0, max_num_seqs=16)
+    assert cap == 16 and op.queue_wait_s > 0
+    light, _ = _over(128, 128, 1.0, max_num_seqs=16)
+    assert op.tpot_s == pytest.approx(light.tpot_s, rel=0.05)
+
+
+def test_v0_chunked_prefill_default_skips_sliding_window_models():
+    # V0 enabled chunked prefill by itself above 32k context, except for sliding-window models:
+    # those profiled one prefill of the whole max_model_len
+    dense = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "A100-80GB", vllm_version="0.6.3")
+    swa = Setup.build("openai/gpt-oss-20b", "A100-80GB", vllm_version="0.6.3")
+    assert dense.enable_chunked_prefill and dense.max_num_batched_tokens == 512
+    assert not swa.enable_chunked_prefill
+    assert swa.max_num_batched_tokens == swa.max_model_len == 131072
+    # V1 chunks every model
+    assert Setup.build("openai/gpt-oss-20b", "A100-80GB", vllm_version="0.10.0").enable_chunked_prefill
+
+
+def test_an_exact_checkpoint_size_rescales_the_derived_weights_when_loaded_as_stored():
+    s = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100", tp=2, max_model_len=8192)
+    rope = s.model.max_position_embeddings * s.model.rotary_dim * s.dtype_bytes
+    derived = weights_bytes(s) - rope
+    # a model object that carries the safetensors byte count (added by model resolution):
+    # 2 % more than the config fields derive -> every rank holds 2 % more
+    linear, _, other = s.model.layer_params()
+    total = (linear + other) * 2 + 2 * s.model.vocab_size * s.model.hidden_size * 2
+
+    class Exact(type(s.model)):
+        weight_bytes = total * 1.02
+    exact_model = Exact(**{f.name: getattr(s.model, f.name) for f in fields(s.model)})
+    assert weights_bytes(s.with_(model=exact_model)) - rope == pytest.approx(derived * 1.02, rel=1e-9)
+    # runtime quantization loads something else than the checkpoint: no correction
+    q = s.with_(model=exact_model, quantization="fp8")
+    assert weights_bytes(q) == pytest.approx(weights_bytes(s.with_(quantization="fp8")), rel=1e-12)
