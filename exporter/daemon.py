@@ -387,9 +387,13 @@ class Daemon:
         for i in range(0, len(due), self.EVALUATION_CHUNK):
             t0 = time.perf_counter()
             now = time.time()
+            done: dict[str, TargetState] = {}
             for st, model, pipe in due[i:i + self.EVALUATION_CHUNK]:
                 if self.targets.get(st.spec.url) is st and st.pipelines.get(model) is pipe:
                     self._evaluate_one(st, model, pipe, now)
+                    done[st.spec.url] = st
+            for url, st in done.items():     # its /metrics block now, not all at the next publish
+                self.exposition.prerender(self._view(url, st))
             gc.collect(1)       # a chunk's reports are long-lived: out of the automatic full scans
             gc.freeze()
             await asyncio.sleep(max(0.0, pause - (time.perf_counter() - t0)))
@@ -410,12 +414,9 @@ class Daemon:
         and the JSON documents are built when requested (exporter/export/findings.py)."""
         views, entries, rows, current = [], [], [], []
         for url, st in sorted(self.targets.items()):
-            version = st.metadata.vllm_version if st.metadata else None
-            models = {m: p.latest.engine_era for m, p in st.pipelines.items() if p.latest is not None}
-            reports = tuple(st.reports[m] for m in sorted(st.reports) if m in models)
-            errors = dict(st.errors)
-            views.append(TargetView(url, st.spec.source, st.up, st.duration_s, st.last_success,
-                                    errors, version, models, reports))
+            tv = self._view(url, st)
+            views.append(tv)
+            version, models, reports, errors = tv.vllm_version, tv.models, tv.reports, tv.errors
             if reports:
                 entries.extend(Entry(url, r, None) for r in reports)
                 current.extend(reports)
@@ -436,6 +437,14 @@ class Daemon:
         self.published.findings_index = FindingsIndex(time.time(), entries, self.report_json)
         self.published.targets_index = TargetsIndex(rows, _target_json)
         self.published.ready = self.ready
+
+    @staticmethod
+    def _view(url: str, st: TargetState) -> TargetView:
+        version = st.metadata.vllm_version if st.metadata else None
+        models = {m: p.latest.engine_era for m, p in st.pipelines.items() if p.latest is not None}
+        reports = tuple(st.reports[m] for m in sorted(st.reports) if m in models)
+        return TargetView(url, st.spec.source, st.up, st.duration_s, st.last_success,
+                          dict(st.errors), version, models, reports)
 
     def _caps(self) -> dict[str, tuple[float, float | None]]:
         """The memory caps (docs/scaling.md "Memory caps") and how full each is."""
