@@ -265,13 +265,18 @@ def main() -> int:
               f"{r['eval_s'] or 0:>7.2f}" +
               (f"  (Prometheus itself: {r['prometheus_cpu_pct']:.1f}% of a core)" if r["prometheus_cpu_pct"] is not None else ""),
               flush=True)
-    for r in results:
+    for i, r in enumerate(results):
         ratio = r["cpu_ms_per_target_cycle"] / r["stock_parse_ms"]
-        per_10k = r["cpu_ms_per_target_cycle"] * 10000 / args.interval / 10
         print(f"{r['n']} targets: CPU {r['cpu_pct']:.1f}% of one core, {ratio:.2f} x the stock parser per target "
               f"per cycle (goal <= 0.2); RSS {r['rss']:.0f} MiB; /metrics p99 {r['metrics_ms_p99']:.0f} ms, worst "
-              f"{r['metrics_ms_max']:.0f} ms (goals 100/250 at 10,000); linear extrapolation to 10,000 targets: "
-              f"{per_10k:.0f}% of one core (goal <= 60), {50 + (r['rss'] - 50) * 10000 / r['n']:.0f} MiB (goal <= 1024)")
+              f"{r['metrics_ms_max']:.0f} ms (goals at 10,000: 100 / 250)")
+    if len(results) >= 2:   # linear in the fleet size: the slope between the two largest sizes
+        a, b = sorted(results, key=lambda r: r["n"])[-2:]
+        rss_slope = (b["rss"] - a["rss"]) / (b["n"] - a["n"])
+        cpu_slope = (b["cpu_pct"] - a["cpu_pct"]) / (b["n"] - a["n"])
+        print(f"extrapolated to 10,000 targets from {a['n']} and {b['n']}: CPU {b['cpu_pct'] + cpu_slope * (10000 - b['n']):.0f}% "
+              f"of one core (goal <= 60), RSS {b['rss'] + rss_slope * (10000 - b['n']):.0f} MiB (goal <= 1024), "
+              f"{rss_slope * 1024:.0f} KiB per target")
     return 0
 
 
