@@ -125,6 +125,7 @@ class Daemon:
         self.scheduler: AsyncIOScheduler | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()
+        self._waiting: set[asyncio.Task] = set()
         self._gc_full_at = time.monotonic()
         self._reload_requested = False
 
@@ -243,7 +244,12 @@ class Daemon:
         return sc.interval / 2
 
     async def _scrape_at(self, st: TargetState, delay: float) -> None:
-        await asyncio.sleep(delay)
+        task = asyncio.current_task()
+        self._waiting.add(task)          # shutdown cancels scrapes that have not started
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self._waiting.discard(task)
         if self.targets.get(st.spec.url) is st:      # still wanted (a reload may have dropped it)
             await self.scrape_one(st)
 
@@ -396,7 +402,16 @@ class Daemon:
                 self.exposition.prerender(self._view(url, st))
             gc.collect(1)       # a chunk's reports are long-lived: out of the automatic full scans
             gc.freeze()
-            await asyncio.sleep(max(0.0, pause - (time.perf_counter() - t0)))
+            wait = max(0.0, pause - (time.perf_counter() - t0))
+            if wait > 0 and not self._stop.is_set():
+                try:                     # a pause that ends at once when the daemon stops
+                    await asyncio.wait_for(self._stop.wait(), wait)
+                except TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(0)
+            if self._stop.is_set():
+                pause = 0.0      # stopping: finish the pass without pauses
         self._evaluated(start)
 
     def _evaluated(self, start: float) -> None:
@@ -613,6 +628,8 @@ class Daemon:
         # on shutdown, which would throw away the cycle instead of draining it.
         if self.scheduler is not None:
             self.scheduler.pause()
+        for task in list(self._waiting):      # staggered scrapes not yet started
+            task.cancel()
         pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=grace)
