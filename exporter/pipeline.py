@@ -201,7 +201,8 @@ class TargetPipeline:
         if cal.basis == "calibrated":
             notes += (f"predictions calibrated on this server's pool ({cal.updates} measurement(s) from "
                       f"{len(self.fleet.calibration.pools[cal.pool].targets) or 1} server(s)); "
-                      f"a-priori TPOT here {cal.prior_tpot_s:.4g} s",)
+                      + (f"a-priori TPOT here {cal.prior_tpot_s:.4g} s" if cal.prior_tpot_s is not None
+                         else "no a-priori TPOT here"),)
         return replace(pred, tpot_s=cal.tpot_s, ttft_s=cal.ttft_s, prior_tpot_s=cal.prior_tpot_s,
                        prior_ttft_s=cal.prior_ttft_s, basis=cal.basis, calibration_factors=dict(cal.factors),
                        fit_error=cal.fit_error, calibration_updates=cal.updates,
