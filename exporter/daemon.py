@@ -234,14 +234,17 @@ class Daemon:
 
     def _scrape_spread(self, n: int) -> float:
         """Seconds over which one cycle's target scrapes are staggered: 0 for a fleet that fits
-        in a few rounds of the concurrency limit; else half the interval. Each target keeps its
+        in a few rounds of the concurrency limit; else half the interval, or less when the
+        scrape timeout leaves less room. Each target keeps its
         phase (a hash of its URL) from cycle to cycle, so its scrapes stay `interval` apart, the
         first cycle after start-up reaches every target within the first interval, and the
         fetch, parse and GIL load is spread instead of arriving as one herd."""
         sc = self.cfg.scrape
         if self.reader is not None or n <= sc.concurrency * self.STAGGER_ABOVE:
             return 0.0
-        return sc.interval / 2
+        # a hanging target holds its scrape for the whole timeout: the last-started scrape must
+        # still end before the next cycle is due, or that cycle is skipped
+        return max(0.0, min(sc.interval / 2, (sc.interval - sc.timeout) * 0.8))
 
     async def _scrape_at(self, st: TargetState, delay: float) -> None:
         task = asyncio.current_task()

@@ -26,7 +26,9 @@ def test_phases_are_stable_and_spread():
     deciles = [sum(1 for p in phases if k / 10 <= p < (k + 1) / 10) for k in range(10)]
     assert min(deciles) > 150                     # no herd: every tenth of the spread gets its share
     d = daemon_for(["http://a:1"], concurrency=2)
-    assert d._scrape_spread(8) == 0.0 and d._scrape_spread(9) == 0.5   # above 4 x concurrency: interval / 2
+    assert d._scrape_spread(8) == 0.0 and d._scrape_spread(9) == 0.0   # above 4 x concurrency, but timeout = interval
+    d.cfg = d.cfg.model_copy(update={"scrape": d.cfg.scrape.model_copy(update={"interval": 15.0, "timeout": 4.0})})
+    assert d._scrape_spread(9) == 7.5 and d._scrape_spread(8) == 0.0
 
 
 def test_only_changed_windows_are_evaluated_and_caps_are_exported(captures):
