@@ -585,7 +585,7 @@ class Daemon:
         await self.evaluate_spread(self.cfg.evaluation.interval / 2 if self.ready else 0.0)
         self._gc_maintenance()
 
-    GC_FULL_EVERY = 3600.0     # seconds between full collections of the frozen long-lived state
+    GC_FULL_EVERY = 300.0      # seconds between full collections of the frozen long-lived state
 
     def _gc_maintenance(self, full_every: float | None = None) -> None:
         """Keep the long-lived state out of the cyclic collector's scans.
@@ -597,8 +597,9 @@ class Daemon:
         are collected (cycles die young: exceptions, futures) and the survivors frozen
         (`gc.freeze`, O(1)); automatic collections then only scan what is newer than a second.
         Every `GC_FULL_EVERY` seconds everything is unfrozen and collected once, so reference
-        cycles among old objects are still reclaimed: one pause of ~80 ms per 1,000 targets
-        (docs/scaling.md)."""
+        cycles among old objects are still reclaimed (a churned target's connection, say): one
+        pause of ~80 ms per 1,000 targets every 5 minutes (docs/scaling.md); hourly, the soak's
+        RSS grew 13 % in 10 compressed minutes."""
         full_every = self.GC_FULL_EVERY if full_every is None else full_every
         now = time.monotonic()
         if now - self._gc_full_at >= full_every:
