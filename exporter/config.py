@@ -219,6 +219,16 @@ class DCGMConfig(_Strict):
     interval: Duration = 60.0
 
 
+class HuggingFaceConfig(_Strict):
+    """Where a served model's config.json is looked up (exporter/model/resolve.py)."""
+
+    offline: bool | None = None        # None: follow HF_HUB_OFFLINE; true: HF cache + catalog only
+    endpoint: URL | None = None        # None: HF_ENDPOINT or https://huggingface.co
+    timeout: Duration = 10.0           # per Hub request
+    cache_dir: str | None = None       # None: HF_HUB_CACHE, else HF_HOME/hub
+    weights: bool = True               # read safetensors headers for exact weight bytes
+
+
 _BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 
 
@@ -266,6 +276,7 @@ class Config(_Strict):
     slo: SLO = SLO()
     state_dir: str | None = None
     web: WebConfig = WebConfig()
+    huggingface: HuggingFaceConfig = HuggingFaceConfig()
     # measured runs (the CSV `sweep --out` writes) that seed the step-time calibration
     calibration_files: list[str] = Field(default_factory=list)
     _calibration_rows: list[Row] = PrivateAttr(default_factory=list)

@@ -29,7 +29,8 @@ from exporter.drift.calibration import FleetCalibration
 from exporter.drift.engine import DriftEngine, Judgement
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.drift.observe import build_input
-from exporter.drift.predict import Identity, identify, predict_for, setup_for
+from exporter.drift.predict import Identity, identify, predict_for, setup_for, slo_of
+from exporter.model.resolve import HubSettings
 from exporter.parse.snapshot import Snapshot
 from exporter.report import ModelReport
 from exporter.parse.metadata import Metadata
@@ -49,6 +50,7 @@ class Pipelines:
         self._restored_index: dict[str, set[str]] | None = None   # url -> models of restored_windows
         self.on_state_error: Callable[[str, str], None] | None = None   # (operation, message)
         self.calibration = FleetCalibration(cfg.calibration_rows)
+        self.hub = HubSettings.from_config(cfg.huggingface)   # where served models' configs are found
 
     def reconfigure(self, cfg: Config) -> None:
         """A reloaded config: the stable findings carry over."""
@@ -56,6 +58,7 @@ class Pipelines:
         self.engine = DriftEngine(cfg, one_shot=self.engine.one_shot, raise_after=self.engine.raise_after,
                                   clear_after=self.engine.clear_after, previous=self.engine)
         self.calibration.set_rows(cfg.calibration_rows)
+        self.hub = HubSettings.from_config(cfg.huggingface)
 
     def pipeline(self, spec: TargetSpec, model_name: str, *, window_s: float | None = None) -> "TargetPipeline":
         """A new pipeline for (target, model), continuing its saved window when there is one."""
@@ -132,8 +135,10 @@ class TargetPipeline:
         """The hints (config, file_sd labels, /v1/models root) resolved once per change of them."""
         root = metadata.root.get(self.model_name) if metadata and metadata.root else None
         key = (self.spec, root)
-        if self.identity_value is None or key != self.identity_key:
-            self.identity_value = identify(self.spec, self.model_name, root)
+        if self.identity_value is None or key != self.identity_key or self.identity_value.resolved.pending:
+            # a one-shot scan waits for a Hub lookup; the daemon asks again at its next evaluation
+            self.identity_value = identify(self.spec, self.model_name, root, hub=self.fleet.hub,
+                                           wait=self.fleet.engine.one_shot)
             self.identity_key = key
         return self.identity_value
 
@@ -143,9 +148,8 @@ class TargetPipeline:
             raise ValueError(f"{self.spec.url} {self.model_name}: nothing observed yet")
         fleet, spec, model_name = self.fleet, self.spec, self.model_name
         summary = self.window.summary(now)
-        observed = observed_signals(latest, summary)
-        if metadata and metadata.max_model_len and model_name in metadata.max_model_len:
-            observed["max_model_len"] = metadata.max_model_len[model_name]
+        mml = metadata.max_model_len.get(model_name) if metadata and metadata.max_model_len else None
+        observed = observed_signals(latest, summary, max_model_len=mml)
         version = metadata.vllm_version if metadata and metadata.vllm_version else None
         notes: list[str] = []
         event = fleet.engine.observe_config(spec.url, model_name, latest.cache_config, now)
@@ -171,7 +175,8 @@ class TargetPipeline:
             prior_tpot_seconds=pred.prior_tpot_s, prior_ttft_seconds=pred.prior_ttft_s,
             prediction_basis=pred.basis, calibration=_calibration_json(pred),
             observed_kv_cache_tokens_ratio=j.observed_kv_cache_tokens_ratio,
-            notes=j.notes, evaluated_at=now, events=j.events, derived=j.derived)
+            notes=j.notes, evaluated_at=now, events=j.events, derived=j.derived, finding_status=j.statuses,
+            **slo_of(x, pred))
 
     def predict(self, ident: Identity, x: DriftInput, summary: Observed, version: str | None,
                 now: float) -> Prediction:
@@ -203,10 +208,13 @@ class TargetPipeline:
                       f"{len(self.fleet.calibration.pools[cal.pool].targets) or 1} server(s)); "
                       + (f"a-priori TPOT here {cal.prior_tpot_s:.4g} s" if cal.prior_tpot_s is not None
                          else "no a-priori TPOT here"),)
+        # a described (unprofiled) device stays "unprofiled" until its calibration is confident
+        basis = cal.basis if cal.basis == "calibrated" or pred.basis != "unprofiled" else pred.basis
         return replace(pred, tpot_s=cal.tpot_s, ttft_s=cal.ttft_s, prior_tpot_s=cal.prior_tpot_s,
-                       prior_ttft_s=cal.prior_ttft_s, basis=cal.basis, calibration_factors=dict(cal.factors),
+                       prior_ttft_s=cal.prior_ttft_s, basis=basis, calibration_factors=dict(cal.factors),
                        fit_error=cal.fit_error, calibration_updates=cal.updates,
-                       calibration_rejected=cal.rejected, calibration_pool=cal.pool, notes=notes)
+                       calibration_rejected=cal.rejected, calibration_pool=cal.pool, notes=notes,
+                       expected_itl_p99_s=cal.itl_p99_s, expected_ttft_p99_s=cal.ttft_p99_s)
 
 
 def _calibration_json(pred: Prediction) -> dict[str, Any] | None:

@@ -11,7 +11,10 @@ PARAMETERS = ("max_num_seqs", "gpu_memory_utilization", "max_model_len", "max_nu
               "speculative_decoding", "enable_prefix_caching", "kv_cache_dtype")
 FINDINGS = ("kv_pressure", "max_num_seqs", "gpu_memory_utilization", "max_model_len",
             "max_num_batched_tokens", "speculative_decoding", "enable_prefix_caching",
-            "kv_cache_dtype", "idle_capacity", "tier_misplacement", "insufficient_data", "unavailable")
+            "kv_cache_dtype", "idle_capacity", "tier_misplacement", "hint_mismatch",
+            # no longer emitted as findings (each finding's status says it): kept for old readers
+            "insufficient_data", "unavailable")
+STATUSES = ("ok", "insufficient_data", "unavailable")
 SEVERITIES = ("info", "warning", "critical")
 
 
@@ -26,6 +29,9 @@ class Finding:
     explanation: str = ""
     binding: str | None = None        # the constraint that sets the recommendation
     since: float | None = None        # unix time the finding became active
+    # [0, 1]: how much data backs it; instant findings (one snapshot proves them) start low and
+    # grow as the window fills, rate-based ones are reported only with a filled window
+    confidence: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,13 +67,18 @@ class ModelReport:
     predicted_ttft_seconds: float | None = None
     prior_tpot_seconds: float | None = None              # the a-priori model's, beside it
     prior_ttft_seconds: float | None = None
-    prediction_basis: str = "prior"                      # prior | calibrated
+    prediction_basis: str = "prior"                      # prior | unprofiled | calibrated
     calibration: dict[str, Any] | None = None            # pool, factors, fit_error, updates, rejected
     observed_kv_cache_tokens_ratio: float | None = None  # observed / predicted capacity
     notes: tuple[str, ...] = ()
     evaluated_at: float | None = None
     events: tuple[dict[str, Any], ...] = ()                # recent config-change events
     derived: dict[str, Any] = field(default_factory=dict)  # quantities the scores come from
+    # finding -> {"status": ok|insufficient_data|unavailable, "reason": str}: why a finding is
+    # absent (not judged yet, and how long until it is; or a signal the server lacks)
+    finding_status: dict[str, dict[str, str]] = field(default_factory=dict)
+    slo_seconds: dict[str, float] = field(default_factory=dict)   # "ttft"/"tpot" -> p99 target
+    slo_source: dict[str, str] = field(default_factory=dict)      # "ttft"/"tpot" -> configured|default
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -95,6 +106,8 @@ class ModelReport:
                           "prior_ttft_seconds": self.prior_ttft_seconds,
                           "calibration": self.calibration,
                           "observed_to_predicted_kv_ratio": self.observed_kv_cache_tokens_ratio},
+            "finding_status": self.finding_status,
+            "slo": {"p99_seconds": self.slo_seconds, "source": self.slo_source},
             "notes": list(self.notes),
             "events": list(self.events),
             "derived": self.derived,

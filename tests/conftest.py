@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,12 @@ FIXTURES = TESTS / "fixtures"
 VLLM_CPU = FIXTURES / "vllm-cpu"            # real vLLM 0.32 (CPU build) captures, committed
 sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(TESTS / "helpers"))
+
+# Model resolution (exporter/model/resolve.py) reads the HF cache and may ask the Hub: tests see an
+# empty cache and a Hub endpoint on a closed loopback port (no test depends on the host's cache,
+# none leaves 127.0.0.1). Tests that want a cache or a hub pass their own (tests/helpers/fake_hub.py).
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="vllm-drift-empty-hf-cache-")
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
 def shared_path(*parts: str) -> Path:

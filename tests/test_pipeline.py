@@ -119,17 +119,25 @@ def test_unknown_gpu_is_named_with_the_way_to_give_it():
     f = Feed("healthy", gpu_hint=False)
     last = f.advance(60)[-1]
     assert last.predicted_kv_cache_tokens is None
-    u = [x for x in last.findings if x.finding == "unavailable" and x.binding == "tier_misplacement"]
-    assert u and "targets[].gpu" in u[0].explanation and "file_sd" in u[0].explanation
+    st = last.finding_status["tier_misplacement"]
+    assert st["status"] == "unavailable" and "targets[].gpu" in st["reason"] and "file_sd" in st["reason"]
+    assert not any(x.finding == "unavailable" for x in last.findings)    # a status, not a finding
 
 
 def test_short_window_is_insufficient_data_and_reset_restarts_it():
     f = Feed("kv-pressure")
     first = f.advance(10)
     assert all(r.status == "insufficient_data" for r in first)
-    assert first[-1].findings[0].finding == "insufficient_data"
+    # what the snapshots prove is reported at once; rate-based findings say how long they need
+    assert [x.finding for x in first[-1].findings] == ["kv_pressure"]
+    assert 0 < first[-1].findings[0].confidence < 1
+    assert first[-1].finding_status["max_num_seqs"]["status"] == "insufficient_data"
+    assert "more minute" in first[-1].finding_status["max_num_seqs"]["reason"]
+    assert not first[-1].recommended
     reports = f.advance(80)
     assert "kv_pressure" in loud(reports[-1])
+    [kv] = [x for x in reports[-1].findings if x.finding == "kv_pressure"]
+    assert kv.confidence > first[-1].findings[0].confidence           # grows as the window fills
     # the server restarts: counters start again from zero, a fresh window
     f.state = build(f.sc, seed=7, start_time=1.7e9 + f.t)
     f.sc = replace(f.sc, warmup_s=f.sc.warmup_s - f.t)
@@ -243,8 +251,9 @@ def test_server_without_load_metrics_is_unavailable_not_zero():
     [r] = evaluate_snapshots(Pipelines(Config(), one_shot=True), TargetSpec(url=URL), snaps, None, 1.7e9 + 30,
                              window_s=3600)
     assert r.status == "unavailable"
-    assert [f.finding for f in r.findings] == ["unavailable"]
-    assert "needs vLLM's load metrics" in r.findings[0].explanation
+    assert r.findings == ()
+    assert {s["status"] for s in r.finding_status.values()} == {"unavailable"}
+    assert "needs vLLM's load metrics" in r.finding_status["kv_pressure"]["reason"]
     assert r.kv_pressure_score is None and r.idle_capacity_ratio is None
 
 
@@ -300,6 +309,7 @@ def test_quiet_server_is_not_judged_but_its_idleness_is_scored():
     f = Feed("idle-overprovisioned", traffic_rate=0.001)
     last = f.advance(90)[-1]
     assert last.status == "insufficient_data"
-    assert any(x.finding == "insufficient_data" and "requests finished" in x.explanation for x in last.findings)
+    assert "requests finished" in last.finding_status["max_num_seqs"]["reason"]
+    assert last.finding_status["idle_capacity"]["status"] == "ok"
     assert last.idle_capacity_ratio is not None and last.idle_capacity_ratio > 0.97
-    assert {x.finding for x in last.findings} <= {"idle_capacity", "insufficient_data"}
+    assert {x.finding for x in last.findings} <= {"idle_capacity"}

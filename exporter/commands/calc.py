@@ -52,8 +52,9 @@ DEFAULT_OUTPUT_TOKENS = 256
 # (group, flags, argparse keywords). Adding an option is one row here; `dest` defaults as argparse
 # derives it. Traffic/SLO options default to None so a profile can fill what was not given.
 ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    ("setup", ("--model",), dict(metavar="ID|PATH", help="catalog id (e.g. meta-llama/Llama-3.1-8B-Instruct; "
-                                 "see `vllm-drift catalog models`) or a local config.json / model dir")),
+    ("setup", ("--model",), dict(metavar="ID|PATH", help="Hugging Face id (read from the HF cache, else the Hub unless "
+                                 "HF_HUB_OFFLINE=1), a local config.json / model dir, or a catalog id "
+                                 "(see `vllm-drift catalog models`)")),
     ("setup", ("--gpu",), dict(metavar="NAME", help="GPU catalog name, alias or the name nvidia-smi/amd-smi prints "
                                "(H100, L40S-48GB, 'Tesla V100-SXM2-32GB', ...; see `vllm-drift catalog gpus`)")),
     ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the "
@@ -194,27 +195,36 @@ def _validate(args: argparse.Namespace, inp: Inputs) -> None:
         raise InputError(f"--spec-tokens must be >= 0 (got {args.spec_tokens})")
 
 
-def build_setup(args: argparse.Namespace) -> Setup:
+def resolve(args: argparse.Namespace):
+    """`--model` through the resolution chain (exporter/model/resolve.py: local path, HF cache,
+    catalog id, Hub, catalog by name), once per run; the error names every source tried."""
+    from exporter.model.resolve import resolve_model
+    if getattr(args, "_resolved", None) is not None:
+        return args._resolved
     try:
-        return _build_setup(args)
+        args._resolved = resolve_model(args.model)
     except CatalogError as exc:
-        if "catalog_ids()" not in str(exc):
-            raise
-        # no name was close enough for the resolver: still point at the nearest ids
-        from exporter.model.architectures import catalog_ids
-        ids = catalog_ids()
-        stems = {i.split("/")[-1].lower(): i for i in ids}
-        close = difflib.get_close_matches(args.model.split("/")[-1].lower(), list(stems), n=3, cutoff=0.0)
-        raise CatalogError(f"unknown model {args.model!r} (not a catalog id nor a local config.json); "
-                           f"closest catalog ids: {', '.join(stems[c] for c in close)} "
-                           "(all: `vllm-drift catalog models`)") from None
+        tried = str(exc).partition(": ")[2] or str(exc)
+        if "closest" not in tried:
+            # no name was close enough for the resolver: still point at the nearest ids
+            from exporter.model.architectures import catalog_ids
+            stems = {i.split("/")[-1].lower(): i for i in catalog_ids()}
+            close = difflib.get_close_matches(args.model.split("/")[-1].lower(), list(stems), n=3, cutoff=0.0)
+            tried += (f"; closest catalog ids: {', '.join(stems[c] for c in close)} "
+                      "(all: `vllm-drift catalog models`)")
+        raise CatalogError(f"unknown model {args.model!r}: {tried}") from None
+    return args._resolved
+
+
+def build_setup(args: argparse.Namespace) -> Setup:
+    return _build_setup(args)
 
 
 def _build_setup(args: argparse.Namespace) -> Setup:
     gpu = device_for_cli(args.gpu, gpu_file=args.gpu_file, memory_gib=args.gpu_memory_gib,
                          bandwidth_gbs=args.gpu_bandwidth_gbs, tflops=args.gpu_tflops)
     return Setup.build(
-        args.model, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        resolve(args).arch, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -228,7 +238,7 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     as it is for vLLM; the *default* (the model's own maximum) is lowered to the largest length
     the pool holds, with a note, since the question asked was not about that length."""
     setup = build_setup(args)
-    notes = _mapping_notes(args.model, setup)
+    notes = list(resolve(args).notes)   # e.g. a name answered by another catalog entry
     if args.max_model_len is not None:   # checked in run(): refused, but --json still prints
         return setup, kv_capacity(setup, check_fits=False), notes
     loose = kv_capacity(setup, check_fits=False)
@@ -241,17 +251,6 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     notes.append(f"the model's default max_model_len {setup.max_model_len} does not fit the KV cache; "
                  f"using the largest that does, {largest} (pass --max-model-len to choose)")
     return fitted, kv_capacity(fitted), notes
-
-
-def _mapping_notes(asked: str, setup: Setup) -> list[str]:
-    """Say so when the name asked for was answered with another catalog entry."""
-    if Path(asked).exists() or asked.endswith(".json"):
-        return []
-    got = setup.model.name
-    if got.strip().lower() != asked.strip().lower():
-        return [f"model {asked!r} is not a catalog id; computed with catalog entry {got!r} "
-                "(same architecture as far as the catalog knows)"]
-    return []
 
 
 def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
@@ -365,8 +364,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.html.parent.is_dir():
             raise InputError(f"--html {args.html}: directory {args.html.parent} does not exist")
     setup, cap, notes = fit_setup(args)
-    doc: dict[str, Any] = {"profile": profile_section(inp), "objective": inp.objective}
+    doc: dict[str, Any] = {"model": resolve(args).as_dict(), "profile": profile_section(inp),
+                           "objective": inp.objective}
     doc.update(kv_sections(setup, cap))
+    model, gpu, *rest = doc["setup"].items()   # the Setup table lists what follows model and gpu
+    doc["setup"] = dict([model, gpu, ("model_config", resolve(args).describe()), *rest])
     if not doc["kv_cache"]["fits"]:
         # refused as vLLM refuses (exit 2), but --json still prints what the pool holds
         largest = largest_max_model_len(setup, cap.gpu_blocks)

@@ -172,6 +172,12 @@ def print_human(doc: dict[str, Any]) -> None:
             for k, v in rows:
                 out.write(f"    {k:<{width}}  {v}\n")
         findings = t.get("findings") or []
+        waiting = {}
+        for name, st in (t.get("finding_status") or {}).items():
+            if st.get("status") != "ok":
+                waiting.setdefault(f"{st['status']}: {st.get('reason') or '-'}", []).append(name)
+        for why, names in waiting.items():      # what is not judged, and why (drift engine statuses)
+            out.write(f"  not judged ({', '.join(names)}): {why}\n")
         if not findings:
             out.write("  findings: none\n")
             continue

@@ -100,6 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--json", action="store_true", help="print one JSON document (levels, knee, server)")
     o.add_argument("--out", metavar="FILE.csv", help="write calibration rows (throughput-observations columns)")
     o.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with plots")
+    o.add_argument("--save-metrics", metavar="DIR",
+                   help="write the server's /metrics text at each level's measured start and end "
+                        "(DIR/<level>-start.prom, DIR/<level>-end.prom), to check the sweep against")
     p.set_defaults(func=run)
 
 
@@ -177,7 +180,20 @@ def config_from(args: argparse.Namespace, base: str, served: str) -> SweepConfig
     if args.tp < 1:
         raise InputError(f"--tp must be >= 1 (got {args.tp})")
     api = Api(base, served, chat=args.endpoint == "chat", ignore_eos=not args.no_ignore_eos)
-    return SweepConfig(api=api, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+    on_metrics = None
+    if args.save_metrics:
+        out_dir = Path(args.save_metrics)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--save-metrics {args.save_metrics}: {exc.strerror}") from None
+        key = "rate" if rates else "concurrency"
+
+        def on_metrics(level: float, first: str | None, last: str | None) -> None:
+            for tag, text in (("start", first), ("end", last)):
+                if text is not None:
+                    (out_dir / f"{key}-{level:g}-{tag}.prom").write_text(text, encoding="utf-8")
+    return SweepConfig(on_metrics=on_metrics, api=api, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                        range_ratio=args.range_ratio, concurrency=conc, rates=rates,
                        max_concurrency=args.max_concurrency, max_requests=args.max_requests,
                        max_duration=args.max_duration, warmup=args.warmup, settle_s=args.settle,

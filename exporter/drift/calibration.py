@@ -23,7 +23,8 @@ from typing import Any, Mapping, Sequence
 import structlog
 
 from exporter.model.calibrate import Measurement, OnlineCalibration, Row, apply, factor_values, fit_setup
-from exporter.model.perf import Calibration, Prediction as PerfPrediction, calibration_for, predict, shape_for
+from exporter.model.perf import (Calibration, Prediction as PerfPrediction, calibration_for, predict, shape_for,
+                                 step_time_shape)
 from exporter.model.setup import Setup
 from exporter.model.traffic import Traffic
 
@@ -63,6 +64,8 @@ class Calibrated:
     rejected: int = 0                           # measurements refused for breaking physics
     pool: str = ""
     sigma: float | None = None                  # posterior spread of log TPOT at this load
+    itl_p99_s: float | None = None              # expected p99 gap between tokens at this load
+    ttft_p99_s: float | None = None             # expected p99 TTFT at this load
 
 
 class FleetCalibration:
@@ -143,7 +146,14 @@ class FleetCalibration:
         sigma = filt.tpot_sigma(prior, Measurement(at, None, None)) if cal is not None else None
         confident = cal is not None and sigma is not None and sigma <= CONFIDENT_SIGMA
         p1 = at(cal) if confident else p0
+        # what this server should show at this load: the p99 inter-token gap is a decode step that
+        # also carries a full prefill budget (the slowest step continuous batching schedules)
+        used = cal if confident and cal is not None else prior
+        ctx = float(prompt_mean) + float(output_mean) / 2.0
+        chunk = max(float(setup.max_num_batched_tokens) - conc, 1.0)
+        itl_p99 = step_time_shape(shape, used, conc, conc * ctx, chunk, 0.0)
         return Calibrated(
+            itl_p99_s=_num(itl_p99), ttft_p99_s=_num(p1.ttft_p99_s),
             basis="calibrated" if confident else "prior", calibration=cal if confident else None,
             tpot_s=_num(p1.tpot_s), ttft_s=_num(p1.ttft_s), prior_tpot_s=_num(p0.tpot_s),
             prior_ttft_s=_num(p0.ttft_s),

@@ -12,14 +12,15 @@ confirm against: it raises and clears at once and judges from any pair of snapsh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from exporter.config import Config
 from exporter.drift.inputs import DriftInput
-from exporter.drift.observe import low_traffic, sufficiency
-from exporter.drift.rules import (RULES, configured_max_num_seqs, idle_ratio, kv_bound, queue_share,
-                                  recompute_share, rule_idle_capacity, rule_kv_pressure, victim_tokens)
+from exporter.drift.observe import MIN_COVER, low_traffic, sufficiency
+from exporter.drift.rules import (INSTANT, LEVELS, OBSERVATION_RULES, RULES, STEP_TIME_BINDINGS, clamp,
+                                  configured_max_num_seqs, idle_ratio, kv_bound, kv_level, queue_share,
+                                  recompute_share, victim_tokens)
 from exporter.drift.stability import Tracker
 from exporter.report import PARAMETERS, Finding, TierAdvice
 
@@ -41,6 +42,7 @@ class Judgement:
     events: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
     derived: dict[str, Any] = field(default_factory=dict)
+    statuses: dict[str, dict[str, str]] = field(default_factory=dict)   # finding -> status, reason
 
 
 class DriftEngine:
@@ -101,42 +103,86 @@ class DriftEngine:
         return self.tracker(target, model_name, now).observe_config(cache_config, now)
 
     def judge(self, x: DriftInput, now: float, notes: tuple[str, ...] = ()) -> Judgement:
+        """One evaluation of one (target, model).
+
+        A window with rates runs every rule; a window without them yet (a new target, a counter
+        reset, one snapshot given to `scan`) still runs the rules whose findings one snapshot
+        proves (`INSTANT`: KV pool full with a queue, the GPU hint against the pool, a risky
+        memory setting, max_model_len against the server's lifetime request shapes); every other
+        finding says how much more data it needs (`finding_status`)."""
         tracker = self.tracker(x.target, x.model_name, now)
+        rules = OBSERVATION_RULES if x.observation_only else RULES
+        names = _names(rules)
         ok, why = sufficiency(x, one_shot=self.one_shot)
-        status = "ok"
         quiet = low_traffic(x) if ok else ""
-        blind = ok and x.kv_usage_max is None and x.running_mean is None and x.prompt_tps is None
-        raw: list[Finding] = []
-        kv_raw: list[Finding] = []
+        blind = (x.kv_usage_max is None and x.running_mean is None and x.waiting_mean is None
+                 and x.prompt_tps is None)
+        ran: list[Finding] = []
         if blind:
             # e.g. --disable-log-stats: vLLM then exports its config but no load at all
             status = "unavailable"
-            findings = [Finding("unavailable", "info", 0.0, explanation=(
-                "unavailable: needs vLLM's load metrics (kv_cache_usage, num_requests_running, "
-                "prompt_tokens_total); the server exports none (started with --disable-log-stats?)"))]
-            findings += tracker.hold(now, x.window_s)
-        elif ok and not quiet:
-            for rule in RULES:
-                got = rule(x)
-                if rule is rule_kv_pressure:
-                    kv_raw = got
-                raw += got
+            reason = ("needs vLLM's load metrics (kv_cache_usage, num_requests_running, prompt_tokens_total); "
+                      "the server exports none (started with --disable-log-stats?)")
+            statuses = {n: {"status": "unavailable", "reason": reason} for n in names}
+            findings = tracker.hold(now, x.window_s)
+            return self._scores(x, [], findings, status, notes, tracker, statuses)
+        if ok and not quiet:
+            status = "ok"
+            ran = [f for rule in rules for f in rule(x)]
+            raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
             findings = tracker.update(raw, now)
-        elif ok:
-            # too little traffic to judge settings; an idle server is still an observation
-            status = "insufficient_data"
-            raw = rule_idle_capacity(x)
-            findings = tracker.update(raw, now) + [Finding("insufficient_data", "info", 0.0, explanation=quiet)]
+            judged = set(names)
+            pending = ""
         else:
             status = "insufficient_data"
-            findings = [Finding("insufficient_data", "info", 0.0, explanation=why)]
-            findings += tracker.hold(now, x.window_s)
+            # max_model_len only against the lifetime's request shapes (>= 50 requests), never a
+            # short or quiet window's handful
+            scope = tuple(n for n in INSTANT if n != "max_model_len" or x.lifetime_shapes)
+            scope += ("idle_capacity",) if ok else ()
+            ran = [f for rule in rules for f in rule(x)]
+            ran = [f for f in ran if _instant(f, scope) or (f.finding == "unavailable" and
+                                                             _finding_of(f) in scope)]
+            raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
+            if ok:      # a quiet server: idleness and instant findings; the rest clear
+                findings = tracker.update(raw, now)
+            else:
+                # the gauge means behind kv_pressure already span every scrape in the window:
+                # with raise_after of them, its minimum duration is met
+                confirmed = frozenset({"kv_pressure"}) if x.samples >= self.raise_after else frozenset()
+                findings = tracker.partial(raw, now, scope, x.window_s, confirmed)
+            judged = {n for n in names if n in scope}
+            pending = quiet or (why if self.one_shot else _needs_more(x, why))
+        statuses: dict[str, dict[str, str]] = {}
+        for n in names:
+            if n in judged:
+                statuses[n] = {"status": "ok", "reason": ""}
+            else:
+                statuses[n] = {"status": "insufficient_data", "reason": pending}
+        if "hint_mismatch" in statuses and x.prediction.hint_mismatch is None and not (
+                x.kv_cache_tokens and x.prediction.kv_cache_tokens):
+            statuses["hint_mismatch"] = {"status": "unavailable", "reason": (
+                "needs the model and GPU hints and the server's KV pool (cache_config_info)")}
+        real = {f.finding for f in ran if f.finding in LEVELS}
+        for f in ran:
+            if f.finding == "unavailable":
+                n = _finding_of(f)
+                if n in statuses and n not in real:
+                    statuses[n] = {"status": "unavailable", "reason": f.explanation}
+        if x.observation_only:
+            for n in LEVELS:
+                if n not in statuses:
+                    statuses[n] = {"status": "unavailable", "reason": (
+                        f"not judged on vLLM's {x.backend} backend (no GPU model for it)")}
         findings = sorted(findings, key=_order)
-        return self._scores(x, raw, kv_raw, findings, status, notes, tracker)
+        return self._scores(x, raw, findings, status, notes, tracker, statuses)
 
-    def _scores(self, x: DriftInput, raw: list[Finding], kv_raw: list[Finding], findings: list[Finding],
-                status: str, notes: tuple[str, ...], tracker: Tracker) -> Judgement:
+    def _scores(self, x: DriftInput, raw: list[Finding], findings: list[Finding], status: str,
+                notes: tuple[str, ...], tracker: Tracker, statuses: dict[str, dict[str, str]]) -> Judgement:
         pred = x.prediction
+        # a scan's window spans whatever pair it was given: confidence is measured against the
+        # window the daemon judges on
+        ref = min(x.window_s, self.cfg.evaluation.window) if x.window_s > 0 else self.cfg.evaluation.window
+        findings = [replace(f, confidence=_confidence(x, f, ref)) for f in findings]
         active = {f.finding: f for f in findings if f.severity in ("warning", "critical")}
         allf = {f.finding: f for f in findings}
         mis: dict[str, float] = {}
@@ -151,12 +197,15 @@ class DriftEngine:
                         recommended[param] = _num(f.recommended)
                 elif param in configured:
                     mis[param] = 0.0
-        for param, value in configured.items():
-            recommended.setdefault(param, value)
+            # a parameter judged without a finding is recommended as configured; while data are
+            # insufficient nothing is recommended (absent, not a copy of the configured value)
+            for param, value in configured.items():
+                if statuses.get(param, {}).get("status") == "ok":
+                    recommended.setdefault(param, value)
         kv_score = None
         idle = None
-        if status == "ok":
-            kvf = [f for f in kv_raw if f.finding == "kv_pressure"]
+        if statuses.get("kv_pressure", {}).get("status") == "ok":
+            kvf = [f for f in raw if f.finding == "kv_pressure"]
             kv_score = kvf[0].score if kvf else (0.0 if x.kv_usage_max is not None else None)
         if status == "ok" or any(f.finding == "idle_capacity" for f in raw):
             idle, _ = idle_ratio(x)     # also for a quiet server: idleness is what was observed
@@ -184,7 +233,73 @@ class DriftEngine:
             idle_capacity_ratio=None if idle is None else round(idle, 4), tier=tier,
             waste_dollars_per_hour=waste, observed_kv_cache_tokens_ratio=ratio,
             events=tuple(tracker.events[-5:]), notes=tuple(dict.fromkeys(notes)),
-            derived=_derived(x) if status != "unavailable" else {})
+            derived=_derived(x) if status != "unavailable" else {}, statuses=statuses)
+
+
+def _names(rules: tuple) -> list[str]:
+    """The findings a rule set can raise, in LEVELS order."""
+    owned = {RULE_FINDING.get(r.__name__) for r in rules}
+    return [n for n in LEVELS if n in owned]
+
+
+RULE_FINDING = {"rule_kv_pressure": "kv_pressure", "rule_max_num_seqs": "max_num_seqs",
+                "rule_gpu_memory_utilization": "gpu_memory_utilization", "rule_max_model_len": "max_model_len",
+                "rule_max_num_batched_tokens": "max_num_batched_tokens",
+                "rule_speculative_decoding": "speculative_decoding",
+                "rule_enable_prefix_caching": "enable_prefix_caching", "rule_kv_cache_dtype": "kv_cache_dtype",
+                "rule_idle_capacity": "idle_capacity", "rule_tier_misplacement": "tier_misplacement",
+                "rule_hint_mismatch": "hint_mismatch"}
+
+
+def _finding_of(f: Finding) -> str:
+    """The finding an `unavailable` note is about (its binding's first word)."""
+    return (f.binding or "").split(" ")[0]
+
+
+def _instant(f: Finding, scope: tuple[str, ...]) -> bool:
+    """A finding one snapshot proves: in scope, and for the memory setting only the risk of the
+    setting itself (the too-low case needs KV pressure over time)."""
+    if f.finding not in scope:
+        return False
+    return f.finding != "gpu_memory_utilization" or f.binding == "oom_risk"
+
+
+def _step_time_capped(x: DriftInput, raw: list[Finding]) -> list[Finding]:
+    """On an unprofiled device (a generic prior, not yet calibrated) findings scored from the
+    step-time model stay `info`: the model may be off by more than the finding's margin."""
+    if x.prediction.basis != "unprofiled":
+        return raw
+    return [replace(f, severity="info", explanation=f.explanation + " (info only: step times on this "
+                    "device are an unprofiled prior until calibrated)")
+            if f.binding in STEP_TIME_BINDINGS and f.severity != "info" else f for f in raw]
+
+
+def _needs_more(x: DriftInput, why: str) -> str:
+    """`why` plus how long until rate-based findings can be judged."""
+    need = MIN_COVER * x.window_s
+    missing = max(0.0, need - x.covered_s)
+    if missing <= 0:
+        return why
+    minutes = max(1, math.ceil(missing / 60.0))
+    return f"needs {minutes} more minute{'s' if minutes > 1 else ''} of data ({why})"
+
+
+# the findings' confidence: config-proven ones are as good as the config (and the model behind
+# the comparison); gauge-proven ones grow with the scrapes agreeing and the window filling;
+# rate-based ones with the share of the window covered
+CONFIG_PROVEN = {"hint_mismatch": 0.8}
+
+
+def _confidence(x: DriftInput, f: Finding, window_s: float) -> float:
+    fill = clamp(x.covered_s / window_s) if window_s > 0 else 0.0
+    if f.finding in CONFIG_PROVEN:
+        return CONFIG_PROVEN[f.finding]
+    if f.finding == "gpu_memory_utilization" and f.binding == "oom_risk":
+        return 1.0
+    if f.finding in INSTANT:
+        n = max(x.samples, 1)
+        return round(1.0 - (1.0 - fill) * 2.0 / (n + 2.0), 3)
+    return round(fill, 3)
 
 
 _SEV = {"critical": 0, "warning": 1, "info": 2}
@@ -241,6 +356,11 @@ def _derived(x: DriftInput) -> dict[str, Any]:
             "kv_bound_requests": kv_bound(x), "concurrency": r(x.concurrency, 3),
             "busy_fraction": r(x.busy_fraction), "preempted_tokens_per_preemption": r(victim_tokens(x), 1),
             "recompute_share": r(recompute_share(x)), "queue_share": r(queue_share(x)),
-            "max_num_seqs": mns, "max_num_seqs_source": how, "prompt_p25_tokens": r(x.prompt_p25, 1),
-            "prompt_plus_output_p99_tokens": r(x.needed_len_p99, 0), "gpu": x.gpu, "model": x.model,
+            "max_num_seqs": mns, "max_num_seqs_source": how, "max_running_seen": r(x.max_running_seen, 0),
+            "kv_level": r(kv_level(x)), "prompt_p25_tokens": r(x.prompt_p25, 1),
+            "prompt_plus_output_p99_tokens": r(x.needed_len_p99, 0), "length_share": r(x.length_share),
+            "context_length_share": r(x.context_length_share), "max_tokens_mean": r(x.max_tokens_mean, 1),
+            "max_tokens_top_bucket": x.max_tokens_top, "coarse_quantiles": list(x.coarse),
+            "gpu": x.gpu, "model": x.model, "backend": x.backend, "backend_evidence": list(x.backend_evidence),
+            "observation_only": x.observation_only, "prediction_basis": x.prediction.basis,
             "missing_hints": list(x.missing_hints)}

@@ -35,7 +35,9 @@ class Prediction:
     current_cost_per_hour: float | None = None  # $/h of the current replica (GPUs x price)
     current_max_rps: float | None = None        # sustainable request rate at the SLOs
     # -- calibration (exporter.drift.calibration): which model the latencies come from
-    basis: str = "prior"                        # "prior" | "calibrated"
+    # prior (catalogued GPU) | unprofiled (a generic or described device, not yet calibrated) |
+    # calibrated
+    basis: str = "prior"
     ttft_s: float | None = None                 # predicted TTFT at the observed load
     prior_tpot_s: float | None = None           # the a-priori model's TPOT / TTFT there
     prior_ttft_s: float | None = None
@@ -44,6 +46,12 @@ class Prediction:
     calibration_updates: int = 0                # measurements the target's pool has folded in
     calibration_rejected: int = 0               # ... and refused for breaking physics
     calibration_pool: str | None = None
+    expected_itl_p99_s: float | None = None      # p99 inter-token gap this server should show here
+    expected_ttft_p99_s: float | None = None     # p99 TTFT this server should show here
+    # the GPU hint contradicts what the server shows: (GPUs the pool fits, best first; observed /
+    # predicted pool)
+    hint_mismatch: tuple[tuple[str, ...], float] | None = None
+    hinted_gpu: str | None = None               # the hint the mismatch is about
     notes: tuple[str, ...] = ()
 
 
@@ -74,8 +82,15 @@ class DriftInput:
     prompt_p99: float | None = None
     prompt_p25: float | None = None              # lower quartile of prompt length
     output_mean: float | None = None
-    output_p99: float | None = None
+    output_p99: float | None = None              # bounded by the requested max_tokens and max_model_len
     length_share: float | None = None            # finished_reason="length" / all finished
+    # the part of length_share that max_model_len can explain: 0 when every request stopped at its
+    # own max_tokens (request_params_max_tokens) and none could reach the context; None: unknown
+    context_length_share: float | None = None
+    max_tokens_mean: float | None = None          # request_params_max_tokens over the window
+    max_tokens_top: float | None = None           # upper bound of its highest populated bucket
+    coarse: tuple[str, ...] = ()                  # quantiles read from a bucket too wide to tell
+    lifetime_shapes: bool = False                 # request shapes from the server's lifetime (no window yet)
     prefix_hit_ratio: float | None = None
     spec_acceptance: float | None = None         # accepted / draft tokens
     spec_mean_accepted: float | None = None      # accepted tokens per draft (excl. bonus)
@@ -117,6 +132,10 @@ class DriftInput:
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
     missing_hints: tuple[str, ...] = ()           # "gpu", "model"
+    backend: str = "unknown"                      # exporter.model.backends.Backend.kind
+    backend_evidence: tuple[str, ...] = ()
+    observation_only: bool = False                # CPU/TPU/XPU/HPU/Neuron: no GPU-model findings
+    max_running_seen: float | None = None         # highest running count since start/reset
 
     prediction: Prediction = field(default_factory=Prediction)
     families: frozenset[str] = frozenset()        # canonical signals present

@@ -5,7 +5,9 @@ tier meeting the same SLOs.
 Why separate from the rules: this is the only place the drift engine calls `exporter.model`, and
 the only place that can fail on an unknown model or GPU; it turns those failures into
 `missing_hints` and notes (the rules then say which hint to give) instead of exceptions.
-Everything here is pure (no I/O except the packaged catalogs), so it is cached per setup.
+Everything here is pure (no I/O except the packaged catalogs, and a model's config.json read by
+exporter/model/resolve.py: local files at once, the Hub in a worker thread), so it is cached per
+setup.
 """
 from __future__ import annotations
 
@@ -17,13 +19,14 @@ from typing import Any, Mapping
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.config import TargetSpec
 from exporter.errors import InputError
-from exporter.model import optimizer, perf, resolve_gpu, resolve_model
+from exporter.model import optimizer, perf, resolve_gpu
 from exporter.model.optimizer import Tier
 from exporter.model.architectures import ModelArch
-from exporter.model.gpus import GPU, tier_names
+from exporter.model.gpus import GPU, find_gpu, generic_gpu, gpu_names, non_gpu_kind, tier_names
 from exporter.model.kv_cache import kv_capacity
+from exporter.model.resolve import HubSettings, resolve_model, resolve_model_nowait
 from exporter.model.setup import Setup
-from exporter.model.spec_decode import SpecConfig, gain
+from exporter.model.spec_decode import ASSUMED_SPEC, SpecConfig, gain
 from exporter.model.traffic import SLO, Traffic
 from exporter.parse.version import Version, read_version
 
@@ -37,39 +40,59 @@ class Resolved:
     model_id: str | None
     missing: tuple[str, ...]
     notes: tuple[str, ...]
+    pending: bool = False      # the model's config is still being looked up: ask again later
 
 
-def resolve_hints(model_candidates: list[str], gpu_hint: str | None) -> Resolved:
-    """First model name that the catalog (or a local config.json) knows, and the GPU hint."""
+def resolve_hints(model_candidates: list[str | None], gpu_hint: str | None, *,
+                  served_name: str | None = None, root: str | None = None, hub: Any = None,
+                  wait: bool = False) -> Resolved:
+    """The model through exporter/model/resolve.py (hints, then the /v1/models root and served
+    name, the HF cache, the Hub, the catalog), and the GPU hint. A Hub lookup runs in the
+    background (unless `wait`, for one-shot callers): until it answers the model is missing with a
+    note saying so and `pending` set."""
 
     notes: list[str] = []
     missing: list[str] = []
     arch = model_id = None
-    tried = [c for c in dict.fromkeys(model_candidates) if c]
-    for cand in tried:
-        try:
-            arch = resolve_model(cand)
-            model_id = cand
-            break
-        except InputError:
-            continue
-    if arch is None:
+    hints = [c for c in dict.fromkeys(model_candidates) if c and c not in (served_name, root)]
+    tried = [*hints, *(n for n in (root, served_name) if n)]
+    pending = False
+    try:
+        # without settings from the config (scan, tests): no network, the local sources only
+        lookup = resolve_model if wait else resolve_model_nowait
+        found = lookup(hints, served_name, root, settings=hub or HubSettings(offline=True))
+    except InputError as exc:
+        found = None
         missing.append("model")
-        notes.append(f"model unknown to the catalog ({', '.join(tried) or 'no name'}): set "
-                     f"targets[].model in the config or a `model` label in file_sd (scan: --model) to a "
-                     f"catalog id or a local config.json")
+        notes.append(f"model unknown ({', '.join(tried) or 'no name'}): {exc}; mount the model volume or "
+                     f"HF cache into the sidecar, allow Hub access, or set targets[].model / a `model` "
+                     f"label in file_sd (scan: --model) to a catalog id or a local config.json")
+    else:
+        if found is None:
+            pending = True
+            missing.append("model")
+            notes.append(f"model config of {', '.join(tried)} is being looked up on the Hub (or set "
+                         f"targets[].model / a `model` label to a catalog id or a local config.json)")
+        else:
+            arch, model_id = found.arch, found.name
     gpu = None
-    if gpu_hint:
+    if gpu_hint and non_gpu_kind(gpu_hint):
+        notes.append(f"device {gpu_hint!r} is a {non_gpu_kind(gpu_hint)} device: observation findings only "
+                     f"(no GPU model, tier or cost findings)")
+    elif gpu_hint:
         try:
             gpu = resolve_gpu(gpu_hint)
         except InputError as exc:
             missing.append("gpu")
-            notes.append(f"gpu hint {gpu_hint!r} unknown: {exc}")
+            notes.append(f"gpu hint {gpu_hint!r} unknown: {exc}; KV findings come from the server's own "
+                         f"pool, step-time and tier findings need a catalog row (a `gpus:` entry)")
     else:
         missing.append("gpu")
         notes.append("GPU unknown (vLLM does not export it): set targets[].gpu in the config or a "
                      "`gpu` label in file_sd (scan: --gpu) for capacity, latency and tier predictions")
-    return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes))
+    if found is not None:  # after the missing-hint notes, which come first
+        notes.append(f"model config: {found.describe()}")
+    return Resolved(arch, gpu, model_id, tuple(missing), tuple(notes), pending=pending)
 
 
 @dataclass(frozen=True)
@@ -86,14 +109,18 @@ class Identity:
     quantization: str | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    device_hint: str | None = None      # the GPU/device hint as given (for the backend verdict)
 
     @property
     def gpu(self) -> str | None:
         return self.resolved.gpu.name if self.resolved.gpu is not None else None
 
 
-def identify(spec: TargetSpec, model_name: str, root: str | None = None) -> Identity:
-    """The target spec's hints (its fields, else its labels) resolved for one served model."""
+def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
+             hub: HubSettings | None = None, wait: bool = False) -> Identity:
+    """The target spec's hints (its fields, else its labels) resolved for one served model: the
+    model through exporter/model/resolve.py (hints, /v1/models root, served name, HF cache, Hub
+    when `hub` allows it, catalog). `identity.resolved.pending` while a Hub lookup runs."""
     labels = spec.labels or {}
 
     def hint(name: str) -> Any:
@@ -105,34 +132,64 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None) -> Iden
             return int(v) if v else None
         except (TypeError, ValueError):
             return None
-    candidates = [spec.model, labels.get("model"), model_name, root]
-    return Identity(spec.url, model_name, resolve_hints([c for c in candidates if c], hint("gpu")),
+    res = resolve_hints([spec.model, labels.get("model")], hint("gpu"), served_name=model_name, root=root,
+                        hub=hub, wait=wait)
+    return Identity(spec.url, model_name, res,
                     tp=hint_int("tp") or 1, pp=hint_int("pp") or 1, quantization=hint("quantization"),
-                    max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"))
+                    max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
+                    device_hint=hint("gpu") or None)
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                 spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float],
                 calibration: perf.Calibration | None = None) -> Prediction:
     """The prediction seam: given who the target is and what was observed, what the model says
-    (KV capacity, TPOT at the observed load, spec-decode gains, tiers), with its `basis`."""
+    (KV capacity, TPOT at the observed load, spec-decode gains, tiers), with its `basis`.
+
+    A server on a non-GPU backend (`x.observation_only`) gets no prediction: its findings are
+    what the metrics show. A GPU hint the server's own KV pool contradicts (`hint_mismatch`)
+    yields no prediction either, only the mismatch and the GPU the pool points to."""
+    if x.observation_only:
+        return Prediction(notes=(f"vLLM on {x.backend} ({'; '.join(x.backend_evidence)}): observation "
+                                 f"findings only (KV pressure, preemptions, queueing), no GPU-tier or "
+                                 f"$/hour findings",))
     traffic = {"prompt_mean": x.prompt_mean, "output_mean": x.output_mean, "prompt_p99": x.prompt_p99,
                "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
                "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
                "spec_k": x.spec_k}
-    return predict(ident.resolved, tp=ident.tp, pp=ident.pp, quantization=ident.quantization,
+    return predict(described(ident, x, vllm_version), tp=ident.tp, pp=ident.pp, quantization=ident.quantization,
                    cache_dtype=x.cache_dtype, gpu_memory_utilization=x.gpu_memory_utilization,
                    max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
                    max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
                    vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
                    traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
-                   calibration=calibration)
+                   observed_kv_tokens=x.kv_cache_tokens, calibration=calibration)
+
+
+def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resolved:
+    """The target's resolved hints, with a GPU hint that has no catalog row described from the
+    server's own KV pool (`_described_gpu`: a generic, unprofiled device)."""
+    res = ident.resolved
+    hint = ident.device_hint
+    if (res.gpu is None and res.model is not None and hint and x.kv_cache_tokens and not non_gpu_kind(hint)
+            and not x.observation_only):
+        gpu = _described_gpu(res.model, int(ident.tp), int(ident.pp), ident.quantization, _kv_dtype(x.cache_dtype),
+                             x.gpu_memory_utilization, int(x.block_size) if x.block_size else None,
+                             read_version(vllm_version), float(f"{x.kv_cache_tokens:.4g}"), hint)
+        if gpu is not None:
+            res = replace(res, gpu=gpu, notes=res.notes + (
+                f"{hint!r} has no catalog row: described as a generic {gpu.memory_gib:.0f} GiB device (memory "
+                f"inferred from the server's KV pool); step-time predictions are an unprofiled prior until "
+                f"calibrated",))
+    return res
 
 
 def setup_for(ident: Identity, x: DriftInput, vllm_version: str | None) -> Setup | None:
     """The calculator's setup of this target (None when the model or GPU is unknown, or the
     calculator refuses it): what `predict_for` predicts from, for calibration."""
-    res = ident.resolved
+    if x.observation_only:
+        return None
+    res = described(ident, x, vllm_version)
     if res.model is None or res.gpu is None:
         return None
     try:
@@ -177,9 +234,13 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             max_num_seqs: int | None, max_num_batched_tokens: int | None, block_size: float | None,
             vllm_version: str | None, traffic: Mapping[str, float | None],
             slo: Mapping[str, float | None], prices: Mapping[str, float],
+            observed_kv_tokens: float | None = None,
             calibration: perf.Calibration | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
-    compute stay None, with a note."""
+    compute stay None, with a note.
+
+    A device described from the server (`described`: a GPU hint with no catalog row) is a generic
+    prior: basis "unprofiled", and step-time findings stay `info` on it until calibrated."""
     notes = list(res.notes)
     if res.model is None or res.gpu is None:
         return Prediction(notes=tuple(notes))
@@ -193,6 +254,20 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     except InputError as exc:
         notes.append(f"calculator: {exc}")
         return Prediction(notes=tuple(notes))
+    if observed_kv_tokens and cap.tokens > 0 and cap.bytes_per_token > 0 and not res.gpu.unprofiled:
+        ratio = observed_kv_tokens / cap.tokens
+        off_gib = abs(observed_kv_tokens - cap.tokens) * cap.bytes_per_token / GIB
+        if off_gib > MISMATCH_SHARE * setup.gpu_memory_gib:
+            likely = _likely_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
+                                 gpu_memory_utilization, int(max_model_len) if max_model_len else None,
+                                 max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
+                                 read_version(vllm_version), float(f"{observed_kv_tokens:.3g}"), res.gpu.name)
+            notes.append(f"the server's KV pool ({observed_kv_tokens:,.0f} tokens) is {ratio:.2f}x what "
+                         f"{res.gpu.name} x{tp} would hold for this model ({off_gib:.1f} GiB per GPU apart): "
+                         f"the GPU hint looks wrong" + (f" (the pool fits {' or '.join(likely)})" if likely else "")
+                         + "; nothing is scored from the hinted hardware")
+            return Prediction(hint_mismatch=(likely, round(ratio, 4)), hinted_gpu=res.gpu.name,
+                              notes=tuple(notes))
     price = prices.get(res.gpu.name, res.gpu.dollars_per_hour)
     cost = price * setup.num_gpus
     fp8 = res.gpu.fp8_tflops > 0 or res.gpu.vendor == "amd"
@@ -201,12 +276,95 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
                                 fp8_kv_supported=fp8, current_cost_per_hour=cost,
                                 default_max_num_seqs=None if max_num_seqs else setup.max_num_seqs)
     pred.update(_performance(setup, traffic, slo, prices, notes, calibration))
+    if res.gpu.unprofiled:
+        pred["basis"] = "unprofiled"
     return Prediction(**pred, notes=tuple(notes))
+
+
+# The observed KV pool and the hinted GPU's predicted pool differ by more than this share of the
+# GPU's memory: the hinted GPU cannot be the one serving. Compared in memory, not as a ratio: when
+# the pool is a small remainder (an 8B model on 24 GB at 0.75) a 1 GiB error in activations is a
+# 5x ratio but no sign of another device; the calculator's memory error is a few percent of the
+# card (tests/model/test_kv_cache.py), an H100 hint on an L4 server is 60% of it.
+MISMATCH_SHARE = 0.20
+
+
+@lru_cache(maxsize=256)
+def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
+                   util: float | None, block_size: int | None, version: Version | None,
+                   observed: float, name: str) -> GPU | None:
+    """A generic device whose memory makes this model's predicted pool the observed one: what the
+    model needs beside the pool (weights, activations, graphs), probed on an 80 GiB device, plus
+    the observed pool, over the memory utilisation."""
+    try:
+        probe = generic_gpu(80.0, name=name)
+        setup = _setup(model, probe, tp, pp, quantization, kv_dtype, util, None, None, None, block_size, version)
+        cap = kv_capacity(setup, check_fits=False)
+        used = setup.gpu_memory_utilization * setup.gpu_memory_gib
+        beside = used - cap.memory.kv_cache_gib
+        memory = (beside + observed * cap.bytes_per_token / GIB) / setup.gpu_memory_utilization
+        return generic_gpu(round(memory, 1), name=name) if memory > 0 else None
+    except (InputError, ArithmeticError, ValueError, TypeError):
+        return None
+
+
+@lru_cache(maxsize=256)
+def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
+                util: float | None, max_model_len: int | None, max_num_seqs: int | None, mnbt: int | None,
+                block_size: int | None, version: Version | None, observed: float,
+                hinted: str) -> tuple[str, ...]:
+    """The catalog GPUs whose predicted pool for this model is closest to the observed one (within
+    10% of their memory), best first; cards of one memory class (L4, A30, RTX 4090) hold alike
+    pools, so all of them within 3 points of the best are named."""
+    scored = []
+    for name in gpu_names():
+        if name == hinted:
+            continue
+        gpu = find_gpu(name)
+        try:
+            setup = _setup(model, gpu, tp, pp, quantization, kv_dtype, util, max_model_len, max_num_seqs,
+                           mnbt, block_size, version)
+            cap = kv_capacity(setup, check_fits=False)
+        except (InputError, ArithmeticError, ValueError, TypeError):
+            continue
+        if cap.tokens <= 0:
+            continue
+        e = abs(observed - cap.tokens) * cap.bytes_per_token / GIB / gpu.memory_gib
+        if e < 0.10:
+            scored.append((e, not gpu.tier, name))
+    scored.sort()
+    return tuple(n for e, _, n in scored if e <= scored[0][0] + 0.03)[:6] if scored else ()
 
 
 # Without configured SLOs the tier comparison uses these interactive-chat defaults (documented in
 # docs/scores.md; `slo:` in the config or per target overrides them).
 DEFAULT_SLO = {"ttft": 2.0, "tpot": 0.150}
+
+
+# Without a configured SLO, the latency a target is held to (and that the latency alerts compare
+# its p99 with) is what its hardware should deliver at its observed load, with this margin, and
+# never tighter than the defaults above: an 8B model on an L4 is not paged for missing an H100's
+# inter-token latency.
+EXPECTED_MARGIN = 1.5
+
+
+def slo_of(x: DriftInput, pred: Prediction | None = None) -> dict[str, dict[str, Any]]:
+    """The p99 latency objectives a target is held to, as the report's `slo_seconds` /
+    `slo_source` (exported as `vllm_drift_slo_seconds{metric,quantile,source}`): the configured
+    SLO; else the model's expected p99 at the observed load x `EXPECTED_MARGIN` when it has one
+    (source "expected"; "tpot" then covers the inter-token gaps the alerts read), else the default."""
+    seconds, source = {}, {}
+    expected = {"ttft": pred.expected_ttft_p99_s if pred else None,
+                "tpot": pred.expected_itl_p99_s if pred else None}
+    for metric, given in (("ttft", x.slo_ttft_s), ("tpot", x.slo_tpot_s)):
+        if given:
+            seconds[metric], source[metric] = float(given), "configured"
+        elif expected[metric] and math.isfinite(expected[metric]):
+            seconds[metric] = max(DEFAULT_SLO[metric], EXPECTED_MARGIN * float(expected[metric]))
+            source[metric] = "expected"
+        else:
+            seconds[metric], source[metric] = DEFAULT_SLO[metric], "default"
+    return {"slo_seconds": seconds, "slo_source": source}
 
 
 def _performance(setup: Setup, traffic: Mapping[str, float | None], slo: Mapping[str, float | None],
@@ -292,11 +450,8 @@ def _latency(setup: Setup, tr: Traffic, s: SLO, running: float | None, k: float 
     return out
 
 
-# What speculation would plausibly give a server that runs without it: EAGLE-style drafting of 3
-# tokens at a per-token acceptance of 0.6, a middling figure for chat traffic [assumed; the
-# real acceptance of this traffic is only known once it runs, hence the finding stays `info`
-# unless a TPOT SLO is being missed].
-ASSUMED_SPEC = {"num_tokens": 3, "alpha": 0.6, "method": "eagle"}
+# What speculation would plausibly give a server that runs without it: the one shared assumption
+# (exporter.model.spec_decode.ASSUMED_SPEC); the finding stays `info` unless a TPOT SLO is missed.
 
 
 @lru_cache(maxsize=1024)

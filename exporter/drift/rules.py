@@ -17,6 +17,7 @@ import math
 from typing import Callable
 
 from exporter.drift.inputs import DriftInput
+from exporter.model.spec_decode import ASSUMED_SPEC
 from exporter.report import Finding
 
 # finding -> (warning threshold, critical threshold) on the score
@@ -31,6 +32,7 @@ LEVELS: dict[str, tuple[float, float]] = {
     "kv_cache_dtype": (0.02, 0.15),
     "idle_capacity": (0.85, 0.97),
     "tier_misplacement": (0.30, 0.60),
+    "hint_mismatch": (0.30, 1.0),     # always `warning` (set by the rule): a config fix, not an outage
 }
 
 KV_FULL = 0.90          # usage at which new blocks start to run out (a request needs several)
@@ -59,6 +61,13 @@ def clamp(x: float) -> float:
     if x != x:  # NaN
         return 0.0
     return max(0.0, min(1.0, x))
+
+
+def ramp(x: float | None, lo: float, hi: float) -> float:
+    """0 below lo, 1 above hi, linear between: a weight with no step."""
+    if x is None:
+        return 0.0
+    return clamp((x - lo) / (hi - lo))
 
 
 def capture_floor(n: float) -> int:
@@ -136,6 +145,37 @@ def queue_share(x: DriftInput) -> float:
     return x.waiting_mean / (running + x.waiting_mean)
 
 
+# KV-blocked queue weight: ramps of the window's mean KV usage and of its peak. Both must be high for
+# a queue to be KV's doing; the mean ramp saturates early because on a small pool the usage swings
+# by whole requests (0.34 to 1.0 on a 48-block pool, mean ~0.8) and daemons sampling the swing at
+# different instants see means 0.74 to 0.80: a ramp that ends at 0.70 gives them all 1.
+KV_MEAN_RAMP = (0.40, 0.70)
+KV_PEAK_RAMP = (0.80, 0.90)
+
+
+def kv_level(x: DriftInput) -> float | None:
+    """How clearly KV is the limit, 0 to 1: the product of the two ramps (continuous in both)."""
+    if x.kv_usage_max is None:
+        return None
+    mean = x.kv_usage_mean if x.kv_usage_mean is not None else x.kv_usage_max
+    return ramp(mean, *KV_MEAN_RAMP) * ramp(x.kv_usage_max, *KV_PEAK_RAMP)
+
+
+def kv_blocked_share(x: DriftInput) -> float:
+    """The queue share weighted by how clearly KV is full: 0 with a free pool (the queue is then
+    another limit's), the whole queue share with a full one, linear between. Continuous in every
+    input, so daemons scraping one server at different instants agree."""
+    return queue_share(x) * (kv_level(x) or 0.0)
+
+
+def kv_score(x: DriftInput) -> float:
+    """The KV pressure score: goodput lost to recomputation after preemption (V1 preempts only
+    when KV runs out) or to requests waiting while KV is full, whichever is larger."""
+    if x.kv_usage_max is None:
+        return 0.0
+    return max(recompute_share(x) or 0.0, kv_blocked_share(x))
+
+
 def kv_bound(x: DriftInput) -> int | None:
     """The largest batch the KV pool holds at the observed per-request footprint."""
     cap, resident = x.capacity_tokens, x.resident_tokens
@@ -177,22 +217,26 @@ def rule_kv_pressure(x: DriftInput) -> list[Finding]:
         return [unavailable("kv_pressure", "kv_cache_usage (vllm:kv_cache_usage_perc or "
                                            "vllm:gpu_cache_usage_perc)")]
     out: list[Finding] = []
-    if x.preemptions_ps is None:
+    if x.preemptions_ps is None and x.samples >= 2:
         out.append(unavailable("kv_pressure preemption share", "num_preemptions_total "
                                                                "(vllm:num_preemptions_total, vLLM >= 0.8)"))
-    if x.kv_usage_max < KV_FULL:
-        return out
     rec = recompute_share(x) or 0.0
-    blocked = queue_share(x) if (x.kv_usage_mean or 0.0) >= 0.85 else 0.0
+    blocked = kv_blocked_share(x)
     score = max(rec, blocked)
+    if score <= 0 and x.kv_usage_max < KV_FULL:
+        return out
     per_req = (x.preemptions_ps / x.arrival_rps) if (x.preemptions_ps and x.arrival_rps) else None
-    parts = [f"KV cache usage peaked at {_pct(x.kv_usage_max)} (mean {_pct(x.kv_usage_mean)})"]
+    one = x.samples <= 1
+    parts = [f"KV cache usage {'is' if one else 'peaked at'} {_pct(x.kv_usage_max)}"
+             + ("" if one else f" (mean {_pct(x.kv_usage_mean)})")]
     if x.preemptions_ps:
         parts.append(f"{x.preemptions_ps * 60:.1f} preemptions/min"
                      + (f" ({per_req:.2f} per request)" if per_req is not None else "")
                      + f" recompute {_pct(rec)} of the token work")
     if blocked:
-        parts.append(f"{x.waiting_mean:.1f} requests wait on average with KV full")
+        parts.append(f"{x.waiting_mean:.1f} requests {'wait' if one else 'wait on average'} beside "
+                     f"{x.running_mean or 0:.1f} running with KV full ({_pct(queue_share(x))} of the "
+                     f"requests in the system)")
     if score <= 0:
         parts.append("no preemptions or KV-blocked queue yet")
     cap = x.capacity_tokens
@@ -261,13 +305,6 @@ def rule_max_num_seqs(x: DriftInput) -> list[Finding]:
     return out
 
 
-def _kv_score(x: DriftInput) -> float:
-    if x.kv_usage_max is None or x.kv_usage_max < KV_FULL:
-        return 0.0
-    blocked = queue_share(x) if (x.kv_usage_mean or 0.0) >= 0.85 else 0.0
-    return max(recompute_share(x) or 0.0, blocked)
-
-
 def default_gpu_memory_utilization(x: DriftInput) -> float:
     return 0.92 if x.vllm_version and x.vllm_version >= (0, 20, 0) else 0.90
 
@@ -276,7 +313,7 @@ def rule_gpu_memory_utilization(x: DriftInput) -> list[Finding]:
     util = x.gpu_memory_utilization
     if util is None:
         return []
-    kv = _kv_score(x)
+    kv = kv_score(x)
     target = default_gpu_memory_utilization(x)
     if kv > 0 and util < target - 0.02:
         gain = None
@@ -319,15 +356,18 @@ def rule_max_model_len(x: DriftInput) -> list[Finding]:
     if mml is None:
         return []
     need = x.needed_len_p99
-    # too small: requests finish on the length limit while prompt+output reach the context
-    if (x.length_share is not None and x.length_share >= 0.01 and need is not None
-            and need >= 0.9 * mml):
+    coarse = f" ({', '.join(x.coarse)}: the bucket is too coarse to tell more)" if x.coarse else ""
+    # too small: requests stop on the context limit. `finished_reason="length"` also counts
+    # requests that stopped at their own max_tokens; only the part prompt+output could push to
+    # max_model_len is blamed on it (context_length_share, from request_params_max_tokens).
+    share = x.context_length_share if x.context_length_share is not None else x.length_share
+    if (share is not None and share >= 0.01 and need is not None and need >= 0.9 * mml):
         rec = _round_len(need * 1.25)
-        expl = (f"{_pct(x.length_share)} of requests stop on the length limit and prompt+output p99 "
-                f"reaches about {_fmt(need)} tokens of the {_fmt(mml)}-token context; "
+        expl = (f"{_pct(share)} of requests stop on the length limit and prompt+output p99 "
+                f"reaches about {_fmt(need)} tokens of the {_fmt(mml)}-token context{coarse}; "
                 f"max_model_len {rec} would let them finish.")
-        sev = "critical" if x.length_share >= 0.10 else ("warning" if x.length_share >= 0.02 else "info")
-        return [_finding("max_model_len", x.length_share, expl, parameter="max_model_len",
+        sev = "critical" if share >= 0.10 else ("warning" if share >= 0.02 else "info")
+        return [_finding("max_model_len", share, expl, parameter="max_model_len",
                          configured=mml, recommended=rec, binding="length_truncation", severity=sev)]
     if x.length_share is None and need is not None and need >= mml:
         return [unavailable("max_model_len too small", "request_success_total{finished_reason}")]
@@ -340,7 +380,7 @@ def rule_max_model_len(x: DriftInput) -> list[Finding]:
     cap = x.capacity_tokens
     if mml >= 2 * rec and cap:
         score = clamp((mml - rec) / cap)
-        expl = (f"max_model_len is {_fmt(mml)} but prompt+output p99 is at most {_fmt(need)} tokens: "
+        expl = (f"max_model_len is {_fmt(mml)} but prompt+output p99 is at most {_fmt(need)} tokens{coarse}: "
                 f"one request left without max_tokens may claim {_pct(min(1.0, mml / cap))} of the "
                 f"{_fmt(cap)}-token KV pool (max concurrency {cap / mml:.1f}x); {rec} covers the "
                 f"observed traffic with margin.")
@@ -454,10 +494,11 @@ def rule_speculative_missed(x: DriftInput) -> list[Finding]:
             tail = (f"; TPOT p99 {x.tpot_p99 * 1000:.0f} ms misses the {x.slo_tpot_s * 1000:.0f} ms SLO "
                     f"and would meet it")
     expl = (f"speculative decoding is off at a running batch of {x.running_mean or 0:.0f}, where "
-            f"decoding is memory-bound: 3 EAGLE draft tokens at an assumed 60% acceptance would "
+            f"decoding is memory-bound: {ASSUMED_SPEC['num_tokens']} EAGLE draft tokens at an assumed "
+            f"{ASSUMED_SPEC['alpha']:.0%} acceptance would "
             f"speed decoding up about {sp:.2f}x{tail} (the real acceptance is known once tried).")
     return [_finding("speculative_decoding", score, expl, parameter="speculative_decoding",
-                     configured=0, recommended=3, binding="missed_gain", severity=sev)]
+                     configured=0, recommended=ASSUMED_SPEC["num_tokens"], binding="missed_gain", severity=sev)]
 
 
 def rule_enable_prefix_caching(x: DriftInput) -> list[Finding]:
@@ -489,7 +530,7 @@ def rule_enable_prefix_caching(x: DriftInput) -> list[Finding]:
 
 
 def rule_kv_cache_dtype(x: DriftInput) -> list[Finding]:
-    kv = _kv_score(x)
+    kv = kv_score(x)
     if kv <= 0 or (x.cache_dtype or "auto") != "auto":
         return []
     if x.prediction.fp8_kv_supported is False:
@@ -510,17 +551,25 @@ def rule_kv_cache_dtype(x: DriftInput) -> list[Finding]:
 
 def idle_ratio(x: DriftInput) -> tuple[float | None, str]:
     """1 - the utilisation of the most used resource: KV (mean usage over the usable share),
-    batch slots (mean running over max_num_seqs) and, with the calculator, throughput
-    (observed request rate over the sustainable rate at the SLOs)."""
+    batch slots (concurrency over a known max_num_seqs: hinted, inferred, or vLLM's default for
+    the known GPU; never a guessed default), throughput with the calculator (observed request
+    rate over the sustainable rate at the SLOs), and on a non-GPU backend the engine's busy time
+    (steps/s x step time): a CPU-bound engine stepping all the time is not idle however empty KV
+    is."""
     uses: list[tuple[float, str]] = []
     if x.kv_usage_mean is not None:
         uses.append((x.kv_usage_mean / KV_SAFE, "kv_cache"))
     conc = x.concurrency
-    if conc is not None:
-        seqs = seqs_in_use(x)
+    seqs = x.max_num_seqs or configured_max_num_seqs(x)[0] or x.prediction.default_max_num_seqs
+    if conc is not None and seqs:
         uses.append((conc / seqs, "max_num_seqs"))
     if x.prediction.current_max_rps and x.arrival_rps is not None:
         uses.append((x.arrival_rps / x.prediction.current_max_rps, "throughput"))
+    elif x.busy_fraction is not None and x.observation_only:
+        # on a CPU (or other non-GPU) backend a step's cost grows with the batch: time busy is
+        # capacity used. On a GPU a small batch steps as long as a large one, so busy time says
+        # nothing about headroom there (the finding is then only `info`, below).
+        uses.append((x.busy_fraction, "engine_time"))
     if x.waiting_mean and x.waiting_mean >= QUEUE_MIN:
         uses.append((1.0, "queue"))
     if not uses:
@@ -540,8 +589,8 @@ def rule_idle_capacity(x: DriftInput) -> list[Finding]:
     # KV and batch slots may be idle while the device is not. Then only `info`.
     busy = x.busy_fraction
     sev = None
-    if x.prediction.current_max_rps is None and busy is not None and busy >= 0.9:
-        sev = "info"
+    if x.prediction.current_max_rps is None and ((busy is not None and busy >= 0.9) or x.observation_only):
+        sev = "info"      # compute headroom unknown: what is idle may not be the device
     waste = ""
     cost = x.prediction.current_cost_per_hour
     if cost:
@@ -550,12 +599,18 @@ def rule_idle_capacity(x: DriftInput) -> list[Finding]:
             f"run on average, KV usage averages {_pct(x.kv_usage_mean)} (most used resource: "
             f"{what}){waste}; consolidate replicas or move to a smaller tier"
             + (f" (the engine steps {_pct(busy)} of the time: compute headroom unknown without "
-               f"the GPU hint)" if sev else "") + ".")
+               f"a GPU model)" if sev and busy is not None else
+               " (compute headroom unknown without a GPU model)" if sev else "") + ".")
     return [_finding("idle_capacity", ratio, expl, binding=what, severity=sev)]
 
 
 def rule_tier_misplacement(x: DriftInput) -> list[Finding]:
     p = x.prediction
+    if x.observation_only or p.hint_mismatch is not None:
+        return []       # no GPU to compare against, or not the one hinted
+    if p.basis == "unprofiled":
+        return [unavailable("tier_misplacement", "a catalog row for the device (price and profile)",
+                            "add it under `gpus:` in the config")]
     if "gpu" in x.missing_hints or "model" in x.missing_hints:
         miss = [h for h in ("gpu", "model") if h in x.missing_hints]
         return [unavailable("tier_misplacement", f"the {' and '.join(miss)} hint",
@@ -585,11 +640,46 @@ def rule_tier_misplacement(x: DriftInput) -> list[Finding]:
                      binding="cost")]
 
 
+def rule_hint_mismatch(x: DriftInput) -> list[Finding]:
+    """The GPU hint contradicts the server's own KV pool: vLLM sizes the pool from the memory it
+    profiles, so a pool far from what the hinted GPU would hold for this model means another
+    device (or another model). Scored 1 - min(r, 1/r) for the observed/predicted ratio r."""
+    mm = x.prediction.hint_mismatch
+    if mm is None:
+        return []
+    likely, ratio = mm
+    score = 1.0 - min(ratio, 1.0 / ratio) if ratio > 0 else 1.0
+    expl = (f"the GPU hint says {x.prediction.hinted_gpu or x.gpu} x{x.tp}, but the server's KV pool "
+            f"({_fmt(x.kv_cache_tokens)} tokens) is {ratio:.2f}x what that would hold for this model"
+            + (f"; it matches {' or '.join(likely)}" if likely else "; no catalogued GPU matches it")
+            + ": fix the hint (targets[].gpu / the gpu label), or the model / quantization / TP-PP hints if the "
+              "server runs another one; tier and cost findings are off until then.")
+    return [_finding("hint_mismatch", score, expl, configured=x.prediction.hinted_gpu or x.gpu,
+                     recommended=likely[0] if likely else None, binding="kv_pool", severity="warning")]
+
+
 RULES: tuple[Callable[[DriftInput], list[Finding]], ...] = (
     rule_kv_pressure, rule_max_num_seqs, rule_gpu_memory_utilization, rule_max_model_len,
     rule_max_num_batched_tokens, rule_speculative_decoding, rule_enable_prefix_caching,
-    rule_kv_cache_dtype, rule_idle_capacity, rule_tier_misplacement,
+    rule_kv_cache_dtype, rule_idle_capacity, rule_tier_misplacement, rule_hint_mismatch,
 )
+
+# What a server on a non-GPU backend (CPU, TPU, XPU, HPU, Neuron) is judged on: what its metrics
+# show directly. No GPU memory, fp8 KV, speculation cost, tier or $/hour finding.
+OBSERVATION_RULES: tuple[Callable[[DriftInput], list[Finding]], ...] = (
+    rule_kv_pressure, rule_max_num_seqs, rule_max_model_len, rule_max_num_batched_tokens,
+    rule_enable_prefix_caching, rule_idle_capacity,
+)
+
+# Findings one snapshot (or a window without rates yet) can establish: gauges, configuration, and
+# max_model_len against the request shapes of the server's lifetime (its cumulative histograms, from
+# 50 finished requests). Everything else needs counter rates over the window and waits for them.
+INSTANT = ("kv_pressure", "hint_mismatch", "gpu_memory_utilization", "max_model_len")
+
+# Findings whose score comes from a step-time model: on an unprofiled device they stay `info`
+# until calibrated (bindings of the rules above).
+STEP_TIME_BINDINGS = ("tpot_slo", "ttft_slo", "verify_cost", "low_acceptance", "missed_gain", "slo",
+                      "cost", "throughput")
 
 
 def run_rules(x: DriftInput) -> list[Finding]:

@@ -112,7 +112,7 @@ class Tracker:
                     out.append(got)
         return out
 
-    def _step(self, key: str, f: Finding | None, now: float) -> Finding | None:
+    def _step(self, key: str, f: Finding | None, now: float, confirmed: bool = False) -> Finding | None:
         tr = self.tracks.get(key)
         raw_level = LEVEL.get(f.severity, 0) if f is not None else 0
         if tr is None:
@@ -122,6 +122,9 @@ class Tracker:
         warn = LEVELS[key.split("/")[0]][0]
         if not tr.active:
             if raw_level >= 2:
+                if confirmed:
+                    tr.pending = max(tr.pending, self.raise_after - 1)
+                    tr.pending_level = raw_level if tr.pending == 0 else max(tr.pending_level, raw_level)
                 tr.pending += 1
                 tr.pending_level = raw_level if tr.pending == 1 else min(tr.pending_level, raw_level)
                 if tr.pending >= self.raise_after:
@@ -149,6 +152,7 @@ class Tracker:
                 tr.pending = tr.pending_level = 0
             return self._export(tr, f)
         tr.below += 1
+        tr.pending = tr.pending_level = 0      # an escalation needs consecutive evaluations too
         if tr.below >= self.clear_after:
             del self.tracks[key]
             return f if f is not None and raw_level == 1 else None
@@ -162,6 +166,43 @@ class Tracker:
         d["severity"] = SEVERITY[tr.level]
         d["since"] = tr.since
         return Finding(**d)
+
+    def partial(self, raw: list[Finding], now: float, scope: tuple[str, ...], window_s: float,
+                confirmed: frozenset[str] = frozenset()) -> list[Finding]:
+        """A window without rates yet (a new target, a counter reset): the findings in `scope`
+        (what one snapshot proves) are stepped as in `update`; the others are held as in `hold`
+        (active ones exported unchanged, cleared after a whole window without data).
+
+        `confirmed`: finding keys whose raw level is already a mean over at least `raise_after`
+        scrapes (the minimum duration is met inside the window), so they raise at once; clearing
+        keeps its hysteresis."""
+        if self.insufficient_since is None:
+            self.insufficient_since = now
+        expired = now - self.insufficient_since >= window_s
+        out: list[Finding] = []
+        seen: set[str] = set()
+        for f in raw:
+            if f.finding not in LEVELS or f.finding not in scope:
+                continue
+            key = _key(f)
+            if key in seen:
+                continue
+            seen.add(key)
+            got = self._step(key, f, now, confirmed=key in confirmed)
+            if got is not None:
+                out.append(got)
+        for key in list(self.tracks):
+            if key in seen:
+                continue
+            if key.split("/")[0] in scope:
+                got = self._step(key, None, now)
+                if got is not None:
+                    out.append(got)
+            elif expired:
+                del self.tracks[key]
+            elif self.tracks[key].active:
+                out.append(self._export(self.tracks[key], None))
+        return out
 
     def hold(self, now: float, window_s: float) -> list[Finding]:
         """Insufficient data: keep the active findings as they are; after a whole window of

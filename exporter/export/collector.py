@@ -143,8 +143,9 @@ class FleetCollector(Collector):
         fscore = _g("vllm_drift_finding_score", "Score of an active finding.", tm + ["finding"])
         pkv = _g("vllm_drift_predicted_kv_cache_tokens", "KV-cache capacity the model predicts for the setup.", tm)
         ptpot = _g("vllm_drift_predicted_tpot_seconds",
-                   "TPOT the model predicts at the observed load; basis: prior (a-priori model) or "
-                   "calibrated (fitted to this server's pool).", tm + ["basis"])
+                   "TPOT the model predicts at the observed load; basis: prior (a-priori model), unprofiled "
+                   "(a generic prior for a device with no catalog row) or calibrated (fitted to this "
+                   "server's pool).", tm + ["basis"])
         pttft = _g("vllm_drift_predicted_ttft_seconds",
                    "TTFT the model predicts at the observed load; basis as for TPOT.", tm + ["basis"])
         cfac = _g("vllm_drift_model_calibration_factor",
@@ -154,6 +155,16 @@ class FleetCollector(Collector):
                   "Relative TPOT error of the calibrated model on the last measurement it folded in.", tm)
         crej = _g("vllm_drift_model_calibration_rejections",
                   "Measurements of this server's pool refused because the fit would leave physics.", tm)
+        fconf = _g("vllm_drift_finding_confidence",
+                   "How much data backs an active finding, 0 to 1 (grows as the window fills).", tm + ["finding"])
+        fstatus = _g("vllm_drift_finding_status",
+                     "1 for each finding's evaluation status (ok, insufficient_data, unavailable).",
+                     tm + ["finding", "status"])
+        # typed summary: its samples are quantile objectives (the agreed `quantile` label), which
+        # the exposition linters (promtool check metrics) accept on summaries only
+        slo = Metric("vllm_drift_slo_seconds", "The latency SLO (p99 objective) a target is judged against "
+                     "(source: configured; else expected, the model's p99 at the observed load x 1.5; else default).",
+                     "summary")
         ratio = _g("vllm_drift_observed_to_predicted_kv_cache_ratio",
                    "Observed KV-cache capacity divided by the predicted one.", tm)
         status = _g("vllm_drift_evaluation_status",
@@ -179,8 +190,19 @@ class FleetCollector(Collector):
                 if r.waste_dollars_per_hour is not None:
                     waste.add_metric(key, r.waste_dollars_per_hour)
                 for f in r.findings:
+                    if f.finding in ("unavailable", "insufficient_data"):
+                        continue        # statuses, not findings (vllm_drift_finding_status)
                     finding.add_metric(key + [f.finding, f.severity], 1.0)
                     fscore.add_metric(key + [f.finding], f.score)
+                    if f.confidence is not None:
+                        fconf.add_metric(key + [f.finding], f.confidence)
+                for name, st in r.finding_status.items():
+                    fstatus.add_metric(key + [name, st.get("status", "ok")], 1.0)
+                for metric, seconds in r.slo_seconds.items():
+                    slo.add_sample("vllm_drift_slo_seconds", {"target": r.target, "model_name": r.model_name,
+                                                              "metric": metric, "quantile": "0.99",
+                                                              "source": r.slo_source.get(metric, "default")},
+                                   seconds)
                 if r.predicted_kv_cache_tokens is not None:
                     pkv.add_metric(key, r.predicted_kv_cache_tokens)
                 if r.predicted_tpot_seconds is not None:
@@ -195,8 +217,8 @@ class FleetCollector(Collector):
                     crej.add_metric(key, r.calibration["rejected"])
                 if r.observed_kv_cache_tokens_ratio is not None:
                     ratio.add_metric(key, r.observed_kv_cache_tokens_ratio)
-        yield from (mis, conf, rec, kvp, idle, tier, waste, finding, fscore, pkv, ptpot, pttft, cfac, cerr,
-                    crej, ratio, status)
+        yield from (mis, conf, rec, kvp, idle, tier, waste, finding, fscore, fconf, fstatus, pkv, ptpot, pttft,
+                    cfac, cerr, crej, ratio, status, slo)
 
 
 class Exposition:

@@ -2,6 +2,7 @@
 with the model's prediction on the same axes and the knee marked, then the per-level table."""
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from exporter.reports.html import page, plot, require_plotly, section, table
@@ -18,7 +19,16 @@ def render(doc: dict[str, Any], predicted: Sequence[dict[str, Any]], note: str) 
     xs = [lv[key] for lv in levels]
     knee = doc.get("knee")
     xlabel = "concurrent requests" if key == "concurrency" else "offered rate (requests/s)"
-    axis = dict(title=xlabel, type="log", dtick=0.30103) if key == "concurrency" else dict(title=xlabel)
+    if key == "concurrency" and xs:
+        # a log axis takes its range (and annotations their x) in log10 units; an explicit range
+        # keeps plotly from stretching the axis to an annotation placed in data units
+        lo, hi = math.log10(min(xs)) - 0.15, math.log10(max(xs)) + 0.15
+        axis = dict(title=xlabel, type="log", dtick=0.30103, range=[lo, hi])
+    else:
+        axis = dict(title=xlabel)
+
+    def ax(x: float) -> float:          # an annotation's x on the x axis
+        return math.log10(x) if key == "concurrency" else x
 
     tput = go.Figure()
     tput.add_trace(go.Scatter(x=xs, y=[lv["output_tokens_per_s"] for lv in levels], mode="lines+markers",
@@ -37,10 +47,17 @@ def render(doc: dict[str, Any], predicted: Sequence[dict[str, Any]], note: str) 
                                      mode="lines", line=dict(dash="dash"), name=f"predicted {name} (mean)"))
     for fig, ytitle in ((tput, "output tokens/s"), (lat, "ms (log)")):
         if knee:
-            fig.add_vline(x=knee[key], line=dict(color="firebrick", dash="dash"),
-                          annotation_text=f"knee: {knee[key]:g} ({knee['reason']})")
-        fig.update_layout(xaxis=axis, yaxis=dict(title=ytitle), height=420, margin=dict(l=60, r=20, t=30, b=50),
-                          legend=dict(orientation="h", y=-0.2))
+            fig.add_vline(x=knee[key], line=dict(color="firebrick", dash="dash"))
+            fig.add_annotation(x=ax(knee[key]), xref="x", y=1, yref="paper", yanchor="bottom",
+                               text=f"knee: {knee[key]:g} ({knee['reason']})", showarrow=False,
+                               font=dict(color="firebrick"))
+        if not predicted:
+            fig.add_annotation(x=0.01, xref="paper", y=0.98, yref="paper", xanchor="left", yanchor="top",
+                               text=note, showarrow=False, bgcolor="rgba(255,255,255,0.8)",
+                               font=dict(color="#555"))
+        fig.update_layout(xaxis=axis, yaxis=dict(title=ytitle), height=440, showlegend=True,
+                          margin=dict(l=60, r=20, t=40, b=80),
+                          legend=dict(orientation="h", y=-0.2, yanchor="top"))
     lat.update_yaxes(type="log")
 
     headers = [key, "done/failed", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",

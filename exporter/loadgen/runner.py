@@ -2,9 +2,11 @@
 
 Closed loop (`concurrency` levels): that many clients each send their next request as soon as the
 last one finished. Open loop (`rate` levels): Poisson arrivals at the rate, at most
-`max_concurrency` in flight. Per level: a warm-up (by default one request per client, or one
-second of arrivals, not measured), then up to `max_requests` measured requests; sending stops at
-`max_duration` seconds into the level and requests in flight finish. Between levels a settle pause
+`max_concurrency` in flight. Per level: a warm-up phase (by default one request per client, or one
+second of arrivals, not measured) that ends when its last request has finished, then the server's
+baseline /metrics read, then up to `max_requests` measured requests, then the closing read — so
+the server's histogram deltas cover the measured requests and nothing else (on an otherwise idle
+server). Sending stops at `max_duration` seconds into the level and requests in flight finish. Between levels a settle pause
 lets the server drain. A level with a failed request stops the sweep; so does the knee when the
 levels are the automatic doubling ones; `stop` (Ctrl-C) ends the level at once, abandoning the
 requests in flight and keeping what completed.
@@ -16,7 +18,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import httpx
 
@@ -48,6 +50,8 @@ class SweepConfig:
     tpot_slo: float | None = None
     seed: int = 0
     metrics_interval: float = 0.5
+    # called after each level with (level, /metrics text at the measured start, at the end)
+    on_metrics: Callable[[float, str | None, str | None], None] | None = None
 
     @property
     def key(self) -> str:
@@ -86,74 +90,75 @@ def _length(n: int, r: float, rng: random.Random) -> int:
 
 
 async def _level(client: httpx.AsyncClient, cfg: SweepConfig, value: float, stop: asyncio.Event,
-                 progress: Progress | None, rng: random.Random) -> tuple[list[RequestResult], bool]:
-    """Run one level; (measured results, interrupted)."""
+                 progress: Progress | None, rng: random.Random,
+                 on_measure: Callable[[], Awaitable[None]] | None = None) -> tuple[list[RequestResult], bool]:
+    """Run one level: the warm-up phase to its end (every warm-up request finished), then
+    `on_measure()` (the server's baseline /metrics read), then the measured phase; returns
+    (measured results, interrupted)."""
     closed = cfg.key == "concurrency"
     conc = int(value) if closed else cfg.max_concurrency
     warm = cfg.warmup if cfg.warmup is not None else (conc if closed else max(1, math.ceil(value)))
     label = f"{cfg.key} {value:g}"
     t_end = time.monotonic() + cfg.max_duration
-    budget = {"warm": warm, "measure": cfg.max_requests}
     measured: list[RequestResult] = []
-    tasks: set[asyncio.Task] = set()
 
-    def take() -> str | None:
-        if stop.is_set() or time.monotonic() >= t_end:
-            return None
-        if budget["warm"] > 0:
-            budget["warm"] -= 1
-            return "warm"
-        if budget["measure"] > 0:
-            budget["measure"] -= 1
-            return "measure"
-        return None
+    async def phase(kind: str, budget: int) -> None:
+        left = [budget]
 
-    async def one(kind: str) -> None:
-        res = await send(client, cfg.api, _length(cfg.prompt_tokens, cfg.range_ratio, rng),
-                         _length(cfg.output_tokens, cfg.range_ratio, rng), rng)
-        if kind == "measure":
-            measured.append(res)
-            if progress:
-                progress(label, len(measured), cfg.max_requests, False)
+        def take() -> bool:
+            if stop.is_set() or time.monotonic() >= t_end or left[0] <= 0:
+                return False
+            left[0] -= 1
+            return True
+
+        async def one() -> None:
+            res = await send(client, cfg.api, _length(cfg.prompt_tokens, cfg.range_ratio, rng),
+                             _length(cfg.output_tokens, cfg.range_ratio, rng), rng)
+            if kind == "measure":
+                measured.append(res)
+                if progress:
+                    progress(label, len(measured), cfg.max_requests, False)
+
+        tasks: set[asyncio.Task] = set()
+        if closed:
+            async def worker() -> None:
+                while take():
+                    await one()
+            tasks = {asyncio.create_task(worker()) for _ in range(conc)}
+        else:
+            sem = asyncio.Semaphore(conc)
+
+            async def limited() -> None:
+                async with sem:
+                    await one()
+
+            while take():
+                t = asyncio.create_task(limited())
+                tasks.add(t)
+                try:
+                    await asyncio.wait_for(stop.wait(), rng.expovariate(value))
+                    break
+                except asyncio.TimeoutError:
+                    pass
+        stopper = asyncio.create_task(stop.wait())
+        pending = set(tasks)
+        while pending and not stop.is_set():
+            _, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopper)
+        stopper.cancel()
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     if progress:
         progress(label, 0, cfg.max_requests, False)
-
-    async def worker() -> None:
-        while (kind := take()) is not None:
-            await one(kind)
-
-    if closed:
-        tasks = {asyncio.create_task(worker()) for _ in range(conc)}
-    else:
-        sem = asyncio.Semaphore(conc)
-
-        async def limited(kind: str) -> None:
-            async with sem:
-                await one(kind)
-
-        async def arrivals() -> None:
-            while (kind := take()) is not None:
-                t = asyncio.create_task(limited(kind))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-                try:
-                    await asyncio.wait_for(stop.wait(), rng.expovariate(value))
-                    return
-                except asyncio.TimeoutError:
-                    pass
-        await arrivals()
-        tasks = set(tasks)
-    stopper = asyncio.create_task(stop.wait())
-    pending = set(tasks)
-    while pending and not stop.is_set():
-        done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
-        pending.discard(stopper)
-    stopper.cancel()
-    for t in pending:
-        t.cancel()
-    if pending:
-        await asyncio.gather(*pending, return_exceptions=True)
+    if warm > 0:
+        await phase("warm", warm)
+    if not stop.is_set():
+        if on_measure is not None:
+            await on_measure()
+        await phase("measure", cfg.max_requests)
     if progress:
         progress(label, len(measured), cfg.max_requests, True)
     return measured, stop.is_set()
@@ -181,13 +186,19 @@ async def run_sweep(cfg: SweepConfig, *, stop: asyncio.Event | None = None,
                 out.interrupted = True
                 out.stopped = "interrupted"
                 break
-            watch.start()
             t0 = time.time()
-            results, interrupted = await _level(client, cfg, value, stop, progress, rng)
-            server = await watch.stop()
+            results, interrupted = await _level(client, cfg, value, stop, progress, rng, on_measure=watch.start)
+            server = await watch.stop(sum(1 for r in results if r.ok))
+            if cfg.on_metrics is not None:
+                cfg.on_metrics(value, watch.first_text, watch.last_text)
             doc: dict[str, Any] = {key: value, "started_at": t0}
             doc.update(summarize(results))
             doc.update(server)
+            # what the client saw that vLLM's request clock did not (HTTP, request parsing and
+            # validation before vLLM stamps `arrival_time`, and the last chunk's delivery)
+            doc["frontend_mean_s"] = (doc["e2e_mean_s"] - doc["server_e2e_mean_s"]
+                                      if doc.get("e2e_mean_s") is not None
+                                      and doc.get("server_e2e_mean_s") is not None else None)
             doc["partial"] = interrupted
             if doc["completed"] or not interrupted:
                 out.levels.append(doc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -20,6 +21,7 @@ from typing import Any, Mapping
 import yaml
 
 from exporter.errors import CatalogError, InputError
+from exporter.model.weights import WeightInfo
 
 FULL, SLIDING, CHUNKED, MAMBA, LINEAR = "full", "sliding", "chunked", "mamba", "linear"
 
@@ -97,7 +99,10 @@ class ModelArch:
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
     quantization: str | None = None
+    # exact tensor bytes from the checkpoint's safetensors headers, when the resolver found them
+    weights: WeightInfo | None = None
     source: str = field(default="", compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)   # how the config was read
 
     # ---- derived counts -------------------------------------------------------------------
     @property
@@ -173,6 +178,22 @@ class ModelArch:
             return self.total_params - self.extra_params
         idle = len(self.moe_layers) * (self.num_experts - self.experts_per_token) * self.expert_params()
         return self.total_params - self.extra_params - idle
+
+    @property
+    def weight_bytes(self) -> int | None:
+        """Bytes the checkpoint's weights take once loaded in the model's own dtype (packed
+        quantized tensors and scales as stored), from the safetensors headers; None when they were
+        not read. kv_cache.weights_bytes scales its derived total by this (_checkpoint_scale)."""
+        w = self.weights
+        if w is None:
+            return None
+        native = DTYPE_BYTES.get(self.native_dtype, 2)
+        return w.lm_bytes(native) + (w.tower_params + w.embedding_params) * native
+
+    def checkpoint_lm_bytes(self, native_bytes: int) -> int | None:
+        """Language-model layer bytes (no embeddings, no towers) from the safetensors headers,
+        or None when the checkpoint's headers were not read."""
+        return self.weights.lm_bytes(native_bytes) if self.weights is not None else None
 
     def with_quantization(self, quantization: str | None, name: str | None = None) -> "ModelArch":
         return replace(self, quantization=quantization, name=name or self.name)
@@ -263,27 +284,85 @@ def _state_bytes(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int) ->
     return 0
 
 
-def _quant_from_config(cfg: Mapping[str, Any]) -> str | None:
+def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(scheme, note) from config.json's `quantization_config`, as vLLM picks its method:
+    GPTQ / AWQ (bits), FP8 (per-tensor/channel or block-wise `weight_block_size`),
+    compressed-tensors (the first config group's weight bits/type), MXFP4, ModelOpt (FP8/NVFP4),
+    bitsandbytes (4 or 8 bit). (None, "") when the checkpoint is not quantized."""
     qc = cfg.get("quantization_config") or cfg.get("compression_config")
     if not isinstance(qc, Mapping):
-        return None
+        return None, ""
     method = str(qc.get("quant_method") or qc.get("format") or "").lower()
     bits = qc.get("bits") or qc.get("w_bit")
-    if method in ("gptq", "awq"):
-        return method if int(bits or 4) == 4 else "gptq-int8"
-    if method == "compressed-tensors":
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin"):
+        base = method.split("_")[0]
+        group = qc.get("group_size") or qc.get("q_group_size")
+        scheme = base if int(bits or 4) == 4 else "gptq-int8"
+        return scheme, f"{base} {int(bits or 4)}-bit" + (f", group size {group}" if group else "")
+    if method in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
+        block = qc.get("weight_block_size")
+        return "fp8", "fp8 " + (f"block-wise {list(block)}" if block else "per-tensor/channel")
+    if method == "bitsandbytes":
+        if qc.get("load_in_8bit"):
+            return "w8a16", "bitsandbytes 8-bit"
+        return "w4a16", f"bitsandbytes 4-bit ({qc.get('bnb_4bit_quant_type') or 'nf4'})"
+    if method in ("modelopt", "modelopt_fp4"):
+        algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "FP8")
+        return ("nvfp4" if "FP4" in algo.upper() else "fp8"), f"modelopt {algo}"
+    if method in ("compressed-tensors", "compressed_tensors") or isinstance(qc.get("config_groups"), Mapping):
         groups = qc.get("config_groups") or {}
         for group in groups.values() if isinstance(groups, Mapping) else ():
             w = (group or {}).get("weights") or {}
             a = (group or {}).get("input_activations") or {}
             nbits, typ = int(w.get("num_bits") or 8), str(w.get("type") or "int")
+            desc = f"compressed-tensors w{nbits}{'a' + str(a.get('num_bits') or 16) if a else 'a16'} {typ}"
             if typ == "float" and nbits == 8:
-                return "fp8"
+                return "fp8", desc
             if nbits == 4:
-                return "nvfp4" if typ == "float" else "w4a16"
-            return "w8a8" if a else "w8a16"
-        return "w8a8"
-    return QUANT_ALIASES.get(method, None) if method in QUANT_ALIASES else None
+                return ("nvfp4" if typ == "float" else "w4a16"), desc
+            return ("w8a8" if a else "w8a16"), desc
+        return "w8a8", "compressed-tensors (no config_groups; assumed w8a8)"
+    if method in QUANT_ALIASES:
+        return QUANT_ALIASES[method], method
+    return None, f"quantization method {method!r} not modelled; weights counted at the model dtype"
+
+
+def _quant_from_config(cfg: Mapping[str, Any]) -> str | None:
+    return quant_from_config(cfg)[0]
+
+
+# model_type values whose config fields the generic decoder path is known to read right
+KNOWN_MODEL_TYPES = frozenset({
+    "llama", "llama4", "llama4_text", "mistral", "mistral3", "mixtral", "qwen", "qwen2", "qwen2_moe",
+    "qwen3", "qwen3_moe", "qwen3_next", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+    "deepseek_v2", "deepseek_v3", "kimi_vl", "kimi_k2", "gemma", "gemma2", "gemma3", "gemma3_text",
+    "phi", "phi3", "phi3small", "phimoe", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss", "starcoder2",
+    "falcon", "opt", "jamba", "nemotron_h", "granite", "granitemoe", "olmo", "olmo2", "olmoe",
+    "internlm2", "baichuan", "chatglm", "glm", "glm4", "glm4_moe", "minimax", "minimax_m2",
+    "llava", "llava_next", "mllama", "idefics3", "internvl_chat", "cohere", "cohere2", "exaone",
+    "ernie4_5", "ernie4_5_moe", "hunyuan", "dbrx", "stablelm", "mpt", "bloom", "gptj",
+})
+
+
+def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[str, Any]) -> int:
+    """Parameters of a ViT-style tower and its projector from `vision_config`: per layer
+    attention 4h^2 and an MLP of 2 (or 3 when gated, SiLU) h x intermediate, a patch embedding
+    of channels x patch^2 x h, and a two-layer projector from h x merge^2 to the text width.
+    0 when the fields are missing (the tower is then left out, with no note)."""
+    try:  # Qwen2-VL names the tower width embed_dim (its hidden_size is the merger's output)
+        h = int(vc.get("embed_dim") or vc["hidden_size"])
+        layers = int(vc.get("num_hidden_layers") or vc.get("depth") or 0)
+        inter = int(vc.get("intermediate_size") or h * float(vc.get("mlp_ratio") or 4))
+    except (KeyError, TypeError, ValueError):
+        return 0
+    if h <= 0 or layers <= 0:
+        return 0
+    gated = str(vc.get("hidden_act") or "").lower() in ("silu", "swiglu")
+    per_layer = 4 * h * h + (3 if gated else 2) * h * inter + 4 * h
+    patch = int(vc.get("num_channels") or 3) * int(vc.get("patch_size") or 14) ** 2 * h
+    merge = int(outer.get("spatial_merge_size") or 1)
+    projector = (h * merge * merge * h if merge > 1 else 0) + h * text_hidden + text_hidden * text_hidden
+    return layers * per_layer + patch + projector
 
 
 def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
@@ -298,6 +377,12 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             cfg = {**{k: v for k, v in config.items() if k not in _LM_KEYS}, **config[key]}
             break
     model_type = str(cfg.get("model_type") or outer.get("model_type") or "unknown")
+    notes: list[str] = []
+    if cfg is not outer:
+        notes.append(f"text backbone read from {next(k for k in _LM_KEYS if isinstance(outer.get(k), Mapping))}")
+    if model_type not in KNOWN_MODEL_TYPES:
+        notes.append(f"model_type {model_type!r} is not one we know; read through the generic "
+                     "decoder path (standard config.json fields)")
     n = int(_need(cfg, ("num_hidden_layers", "n_layer", "num_layers"), where))
     hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model"), where))
     heads = int(_need(cfg, ("num_attention_heads", "n_head"), where))
@@ -306,16 +391,24 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     vocab = int(_need(cfg, ("vocab_size", "padded_vocab_size"), where))
     # vLLM's derived max_model_len: the smallest of the length keys the config carries
     lengths = [int(cfg[k]) for k in _LENGTH_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0]
-    if not lengths:
-        raise CatalogError(f"{where}: missing field 'max_position_embeddings' in config.json")
+    if not lengths:  # vLLM's _get_and_verify_max_len falls back to 2048 with a warning
+        lengths = [2048]
+        notes.append("no max_position_embeddings (or equivalent) in config.json; max_model_len "
+                     "defaults to 2048 as in vLLM")
     max_pos = min(lengths)
-    rope = cfg.get("rope_scaling") or {}
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if isinstance(rope, Mapping) and rope.get("factor"):
         kind = str(rope.get("rope_type") or rope.get("type") or "")
         if kind not in ("su", "longrope", "llama3", "mrope", "default", "dynamic"):
             if kind == "yarn" and rope.get("original_max_position_embeddings"):
                 max_pos = int(rope["original_max_position_embeddings"])
             max_pos = int(max_pos * float(rope["factor"]))  # as vLLM derives max_model_len
+            notes.append(f"rope_scaling {kind or '?'} x{rope['factor']}: max_model_len {max_pos}")
+        else:
+            notes.append(f"rope_scaling {kind}: max_model_len stays max_position_embeddings {max_pos}")
+    elif isinstance(rope, Mapping) and (rope.get("rope_type") or rope.get("type")) not in (None, "default"):
+        notes.append(f"rope_scaling {rope.get('rope_type') or rope.get('type')}: max_model_len stays "
+                     f"max_position_embeddings {max_pos}")
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
     if n_experts:
@@ -339,8 +432,9 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         freq = int(_opt(cfg, "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
                         default=1) or 1)
         mlp_only = set(_opt(cfg, "mlp_only_layers", default=[]) or [])
-        if model_type in ("llama4_text", "llama4") and freq > 1:
-            moe_layers = tuple(i for i in range(n) if (i + 1) % freq == 0)
+        if (model_type in ("llama4_text", "llama4") or cfg.get("decoder_sparse_step")) and freq > 1:
+            # Llama 4 / Qwen-MoE: layer i is sparse when (i + 1) % step == 0
+            moe_layers = tuple(i for i in range(n) if (i + 1) % freq == 0 and i not in mlp_only)
         else:
             moe_layers = tuple(i for i in range(n) if i >= first_dense and i % freq == 0
                                and i not in mlp_only)
@@ -351,8 +445,23 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     mla = cfg.get("kv_lora_rank") is not None
     types = _layer_types(cfg, model_type, n, where)
     dtype = str(_opt(cfg, "torch_dtype", "dtype", default=outer.get("torch_dtype") or "bfloat16"))
+    if not extra_params and isinstance(outer.get("vision_config"), Mapping):
+        extra_params = vision_tower_params(outer["vision_config"], hidden, outer)
+        if extra_params:
+            notes.append(f"vision tower + projector ~{extra_params / 1e6:.0f}M parameters estimated "
+                         "from vision_config (exact when the safetensors headers are read)")
     if quantization is None:
-        quantization = _quant_from_config(outer) or _quant_from_config(cfg)
+        quantization, qnote = quant_from_config(outer)
+        if not qnote:
+            quantization, qnote = quant_from_config(cfg)
+        if qnote:
+            notes.append(f"quantization_config: {qnote}")
+    if n_experts:
+        notes.append(f"MoE: {n_experts} routed experts (top-{k}), "
+                     f"{shared or (1 if shared_inter else 0)} shared, "
+                     f"{len(moe_layers)} of {n} layers sparse")
+    if len(set(types)) > 1:
+        notes.append("hybrid layers: " + ", ".join(f"{c} {t}" for t, c in Counter(types).items()))
     if mla:
         rotary = int(cfg.get("qk_rope_head_dim") or 0)
     elif cfg.get("rotary_dim"):
@@ -380,7 +489,7 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,
         quantization=normalize_quantization(quantization) if quantization else None,
-        source=where,
+        source=where, notes=tuple(notes),
     )
 
 
@@ -448,6 +557,14 @@ def _catalog_arch(model_id: str) -> ModelArch:
 
 def catalog_ids() -> list[str]:
     return list(_catalog()[0])
+
+
+def catalog_lookup(name: str) -> tuple[str, bool] | None:
+    """(catalog id, whether `name` is one of its aliases) for an exact id or alias, else None."""
+    model_id = _catalog()[1].get(name.strip().lower())
+    if model_id is None:
+        return None
+    return model_id, model_id.lower() != name.strip().lower()
 
 
 def resolve_model(name: str) -> ModelArch:

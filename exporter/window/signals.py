@@ -128,7 +128,14 @@ def observed_signals(snapshot: Snapshot, observed: Observed | None = None, *,
                     "running_mean", "running_max", "waiting_mean", "waiting_max",
                     "max_running_seen"):
             out[key] = _num(getattr(observed, key))
+        # a generated length cannot exceed the largest max_tokens requested nor the context:
+        # interpolation inside a wide bucket must not report longer requests than could exist
+        cap = min((c for c in (observed.max_tokens_top, max_model_len) if c), default=None)
         for name, q in (("prompt_len", observed.prompt_len), ("generation_len", observed.generation_len)):
             for stat in ("mean", "p50", "p90", "p99"):
-                out[f"{name}_{stat}"] = _num(getattr(q, stat)) if q else None
+                v = _num(getattr(q, stat)) if q else None
+                if v is not None and cap is not None and name == "generation_len" and stat != "mean":
+                    v = min(v, float(cap))
+                out[f"{name}_{stat}"] = v
+        out["max_tokens_top_bucket"] = _num(observed.max_tokens_top)
     return out

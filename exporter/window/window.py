@@ -84,6 +84,8 @@ class Observed:
     prompt_len: Quantiles | None = None
     generation_len: Quantiles | None = None
     tokens_per_step: Quantiles | None = None
+    max_tokens_top: float | None = None          # upper bound of the highest request_params_max_tokens
+                                                 # bucket that gained requests: no request could generate more
     # gauges over the window
     kv_usage_mean: float | None = None
     kv_usage_max: float | None = None
@@ -363,6 +365,14 @@ def _deltas(first: Snapshot, last: Snapshot, dt: float) -> dict:
     if drafts and drafts > 0 and len(first.spec_accepted_per_pos) == len(last.spec_accepted_per_pos):
         out["spec_decode_acceptance_per_pos"] = tuple(
             (b - a) / drafts for a, b in zip(first.spec_accepted_per_pos, last.spec_accepted_per_pos))
+    maxtok = _hist_delta(first, last, "max_tokens_param")
+    if maxtok is not None:
+        prev, top = 0.0, None
+        for bound, count in zip(maxtok.bounds, maxtok.counts):
+            if count > prev and math.isfinite(bound):
+                top = bound
+            prev = count
+        out["max_tokens_top"] = top
     for field, key in (("ttft", "ttft_seconds"), ("itl", "itl_seconds"),
                        ("queue_time", "queue_time_seconds"), ("e2e", "e2e_seconds"),
                        ("prompt_len", "prompt_tokens"), ("generation_len", "generation_tokens")):

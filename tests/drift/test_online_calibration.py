@@ -59,11 +59,12 @@ def test_a_new_replica_starts_from_what_its_pool_learned():
     fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
     for i in range(3):
         _feed(fleet, _server(10 + i), URL.format(10 + i), 0.0, 240.0)
-    # a fourth replica, two scrapes old: too few requests of its own to be a measurement
-    _, rep, _ = _feed(fleet, _server(20), URL.format(20), 0.0, 4.0, scrape_s=2.0)
+    # a fourth replica, five scrapes old: too few requests of its own to be a measurement
+    _, rep, _ = _feed(fleet, _server(20), URL.format(20), 0.0, 10.0, scrape_s=2.0)
     assert rep.prediction_basis == "calibrated"
+    assert rep.calibration["updates"] == 3          # taught by its peers, not by its own data
     alone = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
-    _, rep_alone, _ = _feed(alone, _server(20), URL.format(20), 0.0, 4.0, scrape_s=2.0)
+    _, rep_alone, _ = _feed(alone, _server(20), URL.format(20), 0.0, 10.0, scrape_s=2.0)
     assert rep_alone.prediction_basis == "prior"
     assert rep.predicted_tpot_seconds > 1.3 * rep_alone.predicted_tpot_seconds
 
@@ -133,3 +134,26 @@ def test_scan_of_a_dumped_pair(tmp_path, cli_env):
     assert abs(pred["prior_tpot_seconds"] - obs) / obs > 0.2
     healthy = scan(dump("ha", 120), dump("hb", 240))
     assert not [f for f in healthy["findings"] if f["severity"] in ("warning", "critical")]
+
+
+def test_unconfigured_slo_is_what_the_hardware_should_deliver():
+    """No SLO configured: the objective the latency alerts compare p99 with is the model's expected
+    p99 at the observed load (x 1.5, never under the defaults); a healthy L4 meets it, so the
+    shipped rules do not page it for missing a number set for another GPU."""
+    fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    _, rep, _ = _feed(fleet, _server(1, scale=1.0), URL.format(1), 0.0, 240.0)
+    assert rep.slo_source == {"ttft": "expected", "tpot": "expected"}
+    assert rep.slo_seconds["tpot"] >= 0.15 and rep.slo_seconds["ttft"] >= 2.0
+    # the alert reads the inter-token gap p99 and the TTFT p99 of the same window
+    assert rep.observed["itl_p99_s"] < rep.slo_seconds["tpot"]
+    assert rep.observed["ttft_p99_s"] < rep.slo_seconds["ttft"]
+    # a configured SLO is used as given
+    fleet2 = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    pipe = fleet2.pipeline(TargetSpec(url=URL.format(2), gpu="L4", slo={"ttft_p99": 0.5, "tpot_p99": 0.05}),
+                           rep.model_name)
+    state = _server(2, scale=1.0)
+    [snap] = parse_vllm(state.exposition(), target=URL.format(2), timestamp=1.7e9)
+    pipe.observe(snap)
+    rep2 = pipe.evaluate(None, 1.7e9)
+    assert rep2.slo_seconds == {"ttft": 0.5, "tpot": 0.05}
+    assert rep2.slo_source == {"ttft": "configured", "tpot": "configured"}

@@ -230,6 +230,7 @@ def test_restart_upgrade_and_redeploy_keep_the_target_up(tmp_path, cli_env, shar
         # the window restarted at the reset: fewer samples than before, and it says why
         assert min(r["observed"]["window_samples"] for r in reports) < samples_before
         explanations = [f.get("explanation") or "" for r in reports for f in r["findings"]]
+        explanations += [st.get("reason") or "" for r in reports for st in (r.get("finding_status") or {}).values()]
         assert any("counter reset" in e for e in explanations), explanations[-3:]
         negative = [x for r in reports for x in _nonnegative_rates(r)]
         assert not negative, negative

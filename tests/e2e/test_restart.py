@@ -123,7 +123,10 @@ def test_kill9_mid_run_resumes_windows_and_findings(tmp_path, cli_env):
         d1 = Launched(cfg, cli_env, tmp_path, save_every=1.0)
         try:
             d1.wait_ready()
-            first = wait_for(lambda: (lambda a: a if "kv_pressure" in a else None)(active(d1.findings(), sim.url)), 60)
+            # kv_pressure is active from the first evaluations (an instant finding); wait for a
+            # window that also judges rates, so the saved one is worth restoring
+            first = wait_for(lambda: (lambda doc: active(doc, sim.url) if "kv_pressure" in active(doc, sim.url)
+                                      and doc[sim.url]["status"] == "ok" else None)(d1.findings()), 60)
             time.sleep(1.5)       # at least one save after the finding went active
         finally:
             d1.kill9()

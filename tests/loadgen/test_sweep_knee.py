@@ -39,6 +39,9 @@ def test_knee_is_max_num_seqs(tmp_path):
     # client-side TTFT/TPOT against the engine's histograms over the same level (sim time / speed)
     for lv in res.levels:
         assert abs(lv["server_tpot_mean_s"] / SPEED - lv["tpot_mean_s"]) < 0.25 * lv["tpot_mean_s"]
+        # no background traffic: the warm-up has finished before the baseline read, so the
+        # server's histograms gained exactly the level's measured requests
+        assert lv["server_ttft_count"] == lv["server_tpot_count"] == lv["completed"], lv["concurrency"]
 
 
 def test_knee_is_the_kv_pool(tmp_path):

@@ -1,0 +1,96 @@
+"""config.json fields read generically: quantization_config schemes, per-layer MoE patterns, and the
+safetensors split (quantization scales kept as stored, MTP layers left out, towers apart)."""
+from __future__ import annotations
+
+import pytest
+
+from exporter.model.architectures import arch_from_config, quant_from_config
+from exporter.model.weights import from_local_dir, read_header, summarize
+from fake_hub import safetensors_header_only
+
+BASE = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000,
+        "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("qc, scheme, words", [
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptq", "gptq 4-bit"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "gptq-int8", "gptq 8-bit"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, "awq", "awq 4-bit"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, "fp8",
+     "block-wise [128, 128]"),
+    ({"quant_method": "fp8", "activation_scheme": "static"}, "fp8", "per-tensor"),
+    ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}, "mxfp4", "mxfp4"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "w4a16", "nf4"),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "w8a16", "8-bit"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4", "NVFP4"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float"}, "input_activations": {"num_bits": 8, "type": "float"}}}},
+     "fp8", "compressed-tensors w8a8 float"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "group_size": 128}}}}, "w4a16", "w4a16"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}}},
+     "w8a8", "w8a8 int"),
+])
+def test_quantization_config_schemes(qc, scheme, words):
+    got, note = quant_from_config({"quantization_config": qc})
+    assert got == scheme and words in note
+    arch = arch_from_config({**BASE, "quantization_config": qc}, name="x", where="x")
+    assert arch.quantization == scheme and any(words in n for n in arch.notes)
+
+
+def test_unmodelled_quantization_is_named_not_refused():
+    arch = arch_from_config({**BASE, "quantization_config": {"quant_method": "hqq"}}, name="x", where="x")
+    assert arch.quantization is None and any("'hqq' not modelled" in n for n in arch.notes)
+
+
+def test_qwen_moe_sparse_step_and_mlp_only_layers():
+    cfg = {**BASE, "model_type": "qwen2_moe", "num_hidden_layers": 8, "num_experts": 8,
+           "num_experts_per_tok": 2, "moe_intermediate_size": 128, "decoder_sparse_step": 2,
+           "mlp_only_layers": [3]}
+    arch = arch_from_config(cfg, name="x", where="x")
+    assert arch.moe_layers == (1, 5, 7)   # (i + 1) % 2 == 0, minus the listed dense layer 3
+
+
+def test_deepseek_first_dense_and_layer_frequency():
+    cfg = {**BASE, "model_type": "deepseek_v3", "num_hidden_layers": 8, "n_routed_experts": 16,
+           "n_shared_experts": 1, "num_experts_per_tok": 4, "moe_intermediate_size": 64,
+           "first_k_dense_replace": 3, "moe_layer_freq": 1, "kv_lora_rank": 64, "qk_rope_head_dim": 16,
+           "qk_nope_head_dim": 32, "v_head_dim": 32}
+    arch = arch_from_config(cfg, name="x", where="x")
+    assert arch.moe_layers == (3, 4, 5, 6, 7) and arch.attention == "mla" and arch.shared_experts == 1
+
+
+def test_missing_length_falls_back_to_vllms_2048():
+    cfg = {k: v for k, v in BASE.items() if k != "max_position_embeddings"}
+    arch = arch_from_config(cfg, name="x", where="x")
+    assert arch.max_position_embeddings == 2048 and any("2048" in n for n in arch.notes)
+
+
+def test_safetensors_split_keeps_scales_as_stored_and_drops_mtp_layers(tmp_path):
+    tensors = {
+        "model.embed_tokens.weight": ("BF16", [1000, 256]),
+        "model.layers.0.self_attn.q_proj.weight": ("F8_E4M3", [256, 256]),
+        "model.layers.0.self_attn.q_proj.weight_scale_inv": ("F32", [2, 2]),
+        "model.layers.0.input_layernorm.weight": ("BF16", [256]),
+        "model.layers.4.eh_proj.weight": ("BF16", [256, 512]),            # MTP layer past num_layers
+        "vision_tower.blocks.0.attn.qkv.weight": ("F32", [768, 256]),
+        "lm_head.weight": ("BF16", [1000, 256]),
+    }
+    (tmp_path / "model.safetensors").write_bytes(safetensors_header_only(tensors))
+    assert read_header(tmp_path / "model.safetensors")["lm_head.weight"]["shape"] == [1000, 256]
+    info = from_local_dir(tmp_path, num_layers=4)
+    assert info.fixed_bytes == 256 * 256 + 4 * 4          # fp8 weight + fp32 block scales, as stored
+    assert info.float_params == 256                       # the norm, loaded in the model dtype
+    assert info.skipped_params == 256 * 512 and info.tower_params == 768 * 256
+    assert info.embedding_params == 2 * 1000 * 256
+    assert info.lm_bytes(2) == 256 * 256 + 16 + 256 * 2
+    with pytest.raises(ValueError, match="unknown dtype"):
+        summarize([("w", "Q3", 10)], num_layers=None, files=1, where="x")
+
+
+def test_truncated_safetensors_header_is_an_error_not_a_guess(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(ValueError, match="truncated"):
+        from_local_dir(tmp_path)
