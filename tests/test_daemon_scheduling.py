@@ -5,7 +5,6 @@ pass yields to the event loop, and the memory caps are exported."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import loopback
 
@@ -45,9 +44,7 @@ def test_only_changed_windows_are_evaluated_and_caps_are_exported(captures):
             d.evaluate()                          # nothing new scraped: the same report objects
             assert all(st.reports[m] is r for m, r in first.items())
             await d.scrape_cycle()                # a new snapshot: evaluated anew
-            t = time.perf_counter()
             await d.evaluate_spread(0.5)
-            assert time.perf_counter() - t < 0.5  # one chunk: no pause
             assert all(st.reports[m] is not r for m, r in first.items())
             await d.scraper.aclose()
         asyncio.run(go())
