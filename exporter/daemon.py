@@ -33,6 +33,7 @@ from exporter.model.gpus import install_gpus
 from exporter.drift.state import StateStore
 from exporter.discovery import Discovery, build_discovery
 from exporter.errors import InputError, ParseError, ScrapeError
+from exporter.events import Narrator
 from exporter.export.cache import CachedExposition, CapsCollector
 from exporter.export.collector import FleetView, TargetView
 from exporter.export.findings import Entry, FindingsIndex, ReportCache, TargetsIndex
@@ -107,6 +108,7 @@ class Daemon:
         self.pipelines = Pipelines(cfg)
         self.pipelines.on_state_error = self._state_error
         self.targets: dict[str, TargetState] = {}
+        self.narrator = Narrator(log)   # what the operator reads: discoveries, windows, findings
         self.exposition = CachedExposition()
         self.exposition.registry.register(CapsCollector(self._caps))
         self.published = Published(self.exposition.render, self.exposition.render_gzip)
@@ -128,6 +130,7 @@ class Daemon:
         self._waiting: set[asyncio.Task] = set()
         self._gc_full_at = time.monotonic()
         self._reload_requested = False
+        self._foreign_tasks: set[asyncio.Task] = set()
 
     # ----------------------------------------------------------------- setup
     @staticmethod
@@ -198,7 +201,7 @@ class Daemon:
             wanted = {url: st.spec for url, st in self.targets.items()}
         for url in list(self.targets):
             if url not in wanted:
-                log.info("target removed", target=url)
+                self.narrator.removed(url)
                 for model_name in self.targets[url].pipelines:
                     self.pipelines.calibration.forget(url, model_name)
                 del self.targets[url]
@@ -209,7 +212,7 @@ class Daemon:
             state = self.targets.get(url)
             if state is None:
                 self.targets[url] = TargetState(spec)
-                log.info("target added", target=url, source=spec.source)
+                self.narrator.discovered(url, spec.source)
             elif state.spec != spec:
                 state.spec = spec
             if gpus is not None:
@@ -226,7 +229,13 @@ class Daemon:
                 log.error("scrape of a target raised", target=st.spec.url, error=f"{type(res).__name__}: {res}"[:300])
         self.cycle_duration = time.perf_counter() - start
         self.cycles += 1
-        self.publish()
+        if self.last_evaluation is None and any(p.latest is not None for st in self.targets.values()
+                                                for p in st.pipelines.values()):
+            # the first evaluation right after the first good scrape: instant verdicts (and the
+            # operator's first report) do not wait a whole evaluation interval
+            self.evaluate()
+        else:
+            self.publish()
         self._gc_maintenance()
 
     # Fleets larger than this many scrape slots have their target scrapes staggered.
@@ -331,9 +340,12 @@ class Daemon:
             pipe.observe(snap)
         if not quiet:   # a restored model this target no longer serves
             self.pipelines.forget_restored(url, seen)
+            self.narrator.scraped(url, ((s.model_name, s.engine_era) for s in snaps),
+                                  st.metadata.vllm_version if st.metadata else None)
         for gone in set(st.pipelines) - seen:
             st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
+            self.narrator.forget(url, gone)
             self.pipelines.calibration.forget(url, gone)
 
     @staticmethod
@@ -376,6 +388,12 @@ class Daemon:
             st.evaluated[model] = (pipe.latest, now)
         except Exception:  # one target's bad data must not stop the others
             log.exception("evaluation failed", target=st.spec.url, model_name=model)
+            return
+        try:
+            self.narrator.evaluated(st.spec.url, model, st.reports[model], pipe.window.duration,
+                                    slack_s=self.cfg.scrape.interval)
+        except Exception:  # telling must never stop judging
+            log.exception("event logging failed", target=st.spec.url, model_name=model)
 
     def evaluate(self) -> None:
         """Evaluate every due target at once (the spread form is `evaluate_spread`)."""
@@ -421,6 +439,8 @@ class Daemon:
         self.evaluations += 1
         self.last_evaluation = time.time()
         self.evaluation_duration = time.perf_counter() - start
+        self.narrator.summary((r for st in self.targets.values() for r in st.reports.values()),
+                              len(self.targets), self.evaluation_duration)
         self.ready = True
         self.save_state()
         self.publish()
@@ -537,6 +557,9 @@ class Daemon:
     # ----------------------------------------------------------------- run
     async def run(self, *, duration: float | None = None, on_listen=None) -> None:
         self.loop = asyncio.get_running_loop()
+        # tasks already there (an embedding program's own, e.g. `demo` awaiting this one): not
+        # ours to drain at shutdown, which would wait out the whole grace period for them
+        self._foreign_tasks = set(asyncio.all_tasks())
         # The HTTP thread waits for the GIL whenever the loop thread parses or evaluates; a 1 ms
         # switch interval (default 5 ms) keeps /metrics answers fast during those bursts.
         sys.setswitchinterval(0.001)
@@ -634,7 +657,8 @@ class Daemon:
             self.scheduler.pause()
         for task in list(self._waiting):      # staggered scrapes not yet started
             task.cancel()
-        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        pending = [t for t in asyncio.all_tasks()
+                   if t is not asyncio.current_task() and not t.done() and t not in self._foreign_tasks]
         if pending:
             await asyncio.wait(pending, timeout=grace)
         if self.scheduler is not None:

@@ -7,29 +7,58 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from exporter.commands.simulate import DUMP_STAMP
 from exporter.config import Config, TargetSpec, check_url
 from exporter.errors import InputError, ParseError, ScrapeError
+from exporter.events import needs_more_data
 from exporter.parse import parse_vllm
 from exporter.parse.metadata import Metadata
+from exporter.parse.snapshot import Snapshot
 from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.report import ModelReport
 from exporter.scrape import Scraper
+from exporter.window.window import is_reset
+
+
+EXAMPLES = """\
+examples:
+  vllm-drift scan http://10.0.0.5:8000 --gpu L4
+      one scrape: every verdict one snapshot can give (a full KV pool with a queue, risky
+      memory settings, a hint that contradicts the pool); what needs rates is listed
+  vllm-drift scan http://10.0.0.5:8000 --gpu L4 --interval 30
+      two scrapes 30 s apart: rates too (preemptions, throughput, window latency)
+  vllm-drift scan metrics.prom
+      a saved /metrics file
+  vllm-drift scan before.prom --after later.prom --interval 60
+      a saved pair, 60 s apart (without --interval: the dumps' own time stamps, else file times)
+  vllm-drift simulate --scenario kv-pressure --dump 60 | vllm-drift scan - --gpu L4
+      a simulated server's /metrics on stdin
+  (vllm-drift simulate --dump 60; vllm-drift simulate --dump 90) | vllm-drift scan -
+      two time-stamped dumps on stdin are a pair: rates over the 30 s between them
+"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scan", help="diagnose vLLM servers or saved /metrics files once",
                        description="TARGET is a vLLM base URL (http://host:8000), a file holding /metrics "
                                    "text, or - for stdin. Prints the vLLM era, observed config and load, "
-                                   "findings and recommendations.")
+                                   "findings and recommendations, and what needs more data (a second "
+                                   "snapshot for rates).",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("targets", nargs="+", metavar="TARGET")
     p.add_argument("--after", metavar="FILE",
                    help="a later /metrics snapshot of the (single) file target, for rates")
     p.add_argument("--interval", type=float, metavar="SECONDS",
-                   help="seconds between the two snapshots (files: default from file times; "
-                        "URLs: scrape twice this far apart)")
+                   help="seconds between the two snapshots (files: default from the dumps' time "
+                        "stamps or file times; URLs: scrape twice this far apart)")
     p.add_argument("--gpu", help="GPU catalog name of the target(s)")
     p.add_argument("--tp", type=int, help="tensor-parallel size")
     p.add_argument("--model", help="model id or config path, when the served name does not say")
@@ -54,9 +83,56 @@ def _spec(url: str, args: argparse.Namespace, source: str) -> TargetSpec:
                                       slo=None, labels={}, source=source)
 
 
+@dataclass
+class Scanned:
+    """One served model's report and what it was judged from."""
+
+    report: ModelReport
+    snapshots: int
+    interval_s: float | None = None
+    counter_reset: str | None = None          # what went backwards between the snapshots
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.report.to_json()
+        need, reasons, unavailable = needs_more_data(doc)
+        doc["needs_more_data"] = need
+        doc["needs_more_data_reasons"] = reasons
+        doc["unavailable"] = unavailable
+        doc["input"] = {"snapshots": self.snapshots, "interval_seconds": self.interval_s,
+                        "counter_reset": self.counter_reset}
+        return doc
+
+
+def reset_reason(prev: Snapshot, cur: Snapshot) -> str | None:
+    """Which signal went backwards between two snapshots of one server (so rates cannot span
+    them), in words; None when `cur` continues `prev`."""
+    if not is_reset(prev, cur):
+        return None
+    if prev.engines != cur.engines:
+        return f"the number of engines changed ({prev.engines} -> {cur.engines})"
+    if prev.start_time is not None and cur.start_time is not None and cur.start_time != prev.start_time:
+        return "the server restarted between the snapshots (its start time moved)"
+    for key, value in sorted(cur.counters.items()):
+        old = prev.counters.get(key)
+        if old is not None and value < old:
+            return f"counter {key} went back from {old:g} to {value:g}"
+    for reason, value in sorted(cur.finished_by_reason.items()):
+        old = prev.finished_by_reason.get(reason)
+        if old is not None and value < old:
+            return f"counter request_success_total{{finished_reason={reason}}} went back from {old:g} to {value:g}"
+    for key, hist in sorted(cur.histograms.items()):
+        old = prev.histograms.get(key)
+        if old is not None and old.bounds != hist.bounds:
+            return f"histogram {key} changed its buckets"
+        if old is not None:
+            return f"histogram {key} went back from {old.count:g} to {hist.count:g} observations"
+    return "the snapshots are not of one continuous server"
+
+
 def _evaluate(fleet: Pipelines, spec: TargetSpec, payloads: list[tuple[bytes, float]],
-              metadata: Metadata | None) -> list[ModelReport]:
+              metadata: Metadata | None) -> list[Scanned]:
     pipes: dict[str, TargetPipeline] = {}
+    seen: dict[str, list[Snapshot]] = {}
     for body, ts in payloads:
         try:
             snaps = parse_vllm(body, target=spec.url, timestamp=ts)
@@ -67,11 +143,24 @@ def _evaluate(fleet: Pipelines, spec: TargetSpec, payloads: list[tuple[bytes, fl
                 pipes[snap.model_name] = fleet.pipeline(spec, snap.model_name,
                                                         window_s=max(3600.0, ts - payloads[0][1] + 1))
             pipes[snap.model_name].observe(snap)
+            seen.setdefault(snap.model_name, []).append(snap)
     now = payloads[-1][1]
-    return [p.evaluate(metadata, now) for p in pipes.values()]
+    out = []
+    for model, pipe in pipes.items():
+        snaps = seen[model]
+        reset = None
+        for a, b in zip(snaps, snaps[1:]):
+            why = reset_reason(a, b)
+            if why:
+                reset = (f"{why}: the earlier snapshot was set aside and the later one judged "
+                         f"alone (no rates across a reset)")
+        n = 1 if reset else len(snaps)
+        interval = snaps[-1].timestamp - snaps[0].timestamp if n > 1 else None
+        out.append(Scanned(pipe.evaluate(metadata, now), n, interval, reset))
+    return out
 
 
-async def _scan_url(url: str, args: argparse.Namespace, fleet: Pipelines) -> list[ModelReport]:
+async def _scan_url(url: str, args: argparse.Namespace, fleet: Pipelines) -> list[Scanned]:
     scraper = Scraper(timeout=args.timeout, concurrency=4)
     try:
         payloads = []
@@ -102,8 +191,33 @@ def _stamp(body: bytes) -> float | None:
     return None
 
 
-def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines) -> list[ModelReport]:
-    first = _read(path)
+def _split_dumps(body: bytes) -> list[bytes]:
+    """Time-stamped dumps concatenated in one input (`(simulate --dump 60; simulate --dump 90)
+    | scan -`) are successive snapshots; anything else is one."""
+    marker = DUMP_STAMP.encode()
+    if not body.startswith(marker) or body.count(b"\n" + marker) == 0:
+        return [body]
+    parts, start = [], 0
+    while True:
+        nxt = body.find(b"\n" + marker, start + 1)
+        if nxt < 0:
+            parts.append(body[start:])
+            return parts
+        parts.append(body[start:nxt + 1])
+        start = nxt + 1
+
+
+def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines) -> list[Scanned]:
+    bodies = _split_dumps(_read(path))
+    if len(bodies) > 1:
+        if args.after:
+            raise InputError(f"{path}: holds {len(bodies)} time-stamped dumps already; drop --after")
+        payloads = [(b, _stamp(b)) for b in bodies]
+        for i, (_, ts) in enumerate(payloads[1:], 1):
+            if ts is None or payloads[i - 1][1] is None or ts <= payloads[i - 1][1]:
+                raise InputError(f"{path}: dump {i + 1} is not later than dump {i} by its time stamp")
+        return _evaluate(fleet, _spec(path, args, "file"), payloads, None)
+    first = bodies[0]
     t1 = _stamp(first) or (os.path.getmtime(path) if path != "-" else time.time())
     payloads = [(first, t1)]
     if args.after:
@@ -113,7 +227,8 @@ def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines) -> list[Mo
         else:
             t2 = _stamp(second) or os.path.getmtime(args.after)
             if t2 <= t1:
-                raise InputError(f"--after {args.after}: not later than {path} by file time; give --interval SECONDS")
+                raise InputError(f"--after {args.after}: not later than {path} by its time stamp or file "
+                                 f"time; give --interval SECONDS")
         payloads.append((second, t2))
     return _evaluate(fleet, _spec(path, args, "file"), payloads, None)
 
@@ -124,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval is not None and args.interval <= 0:
         raise InputError("--interval must be positive")
     fleet = Pipelines(Config(), one_shot=True)
-    reports: list[ModelReport] = []
+    scanned: list[Scanned] = []
     for target in args.targets:
         if target.startswith(("http://", "https://")):
             try:
@@ -133,15 +248,16 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(f"{target}: {exc}") from None
             if args.after:
                 raise InputError("--after is for files; for a URL use --interval to scrape twice")
-            reports.extend(asyncio.run(_scan_url(url, args, fleet)))
+            scanned.extend(asyncio.run(_scan_url(url, args, fleet)))
         else:
-            reports.extend(_scan_file(target, args, fleet))
-    doc = {"targets": [r.to_json() for r in reports]}
+            scanned.extend(_scan_file(target, args, fleet))
+    doc = {"targets": [s.to_json() for s in scanned]}
     if args.json:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         print_human(doc)
+    sys.stdout.flush()
     return 0
 
 
@@ -159,35 +275,94 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def print_human(doc: dict[str, Any]) -> None:
-    out = sys.stdout
+# the observed signals the table shows (all of them are in --json), in reading order
+SHOWN = (
+    ("load", ("num_requests_running", "num_requests_waiting", "kv_cache_usage", "kv_usage_max",
+              "num_preemptions_total", "preemptions_per_s", "requests_per_s", "prompt_tokens_per_s",
+              "generation_tokens_per_s", "prefix_cache_hit_ratio", "spec_decode_acceptance_rate")),
+    ("latency", ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s",
+                 "queue_time_p99_s", "latency_source")),
+    ("config", ("max_model_len", "num_gpu_blocks", "block_size", "kv_cache_tokens",
+                "gpu_memory_utilization", "enable_prefix_caching", "cache_dtype")),
+    ("window", ("window_seconds", "window_samples")),
+)
+SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def print_human(doc: dict[str, Any], console: Console | None = None) -> None:
+    con = console or Console(soft_wrap=False)
     for t in doc["targets"]:
-        out.write(f"\n{t['target']}  model={t['model_name']}  vLLM {t.get('vllm_version') or 'unknown'} "
-                  f"({t.get('engine_era') or '?'} engine)  status={t.get('status')}\n")
+        inp = t.get("input") or {}
+        n = inp.get("snapshots") or 1
+        what = ("1 snapshot: instant verdicts only" if n == 1 else
+                f"{n} snapshots {inp.get('interval_seconds') or 0:.0f} s apart: rates included")
+        con.print()
+        con.print(f"[bold]{escape(str(t['target']))}[/bold]  model [bold]{escape(str(t['model_name']))}[/bold]  "
+                  f"vLLM {escape(str(t.get('vllm_version') or 'unknown'))} ({t.get('engine_era') or '?'} engine)  "
+                  f"status {t.get('status')}  [dim]({what})[/dim]", highlight=False)
+        if inp.get("counter_reset"):
+            con.print(f"[yellow]counter reset:[/yellow] {escape(inp['counter_reset'])}", highlight=False)
         obs = t.get("observed") or {}
-        rows = [(k, _fmt(v)) for k, v in obs.items() if v is not None]
-        if rows:
-            width = max(len(k) for k, _ in rows)
-            out.write("  observed\n")
-            for k, v in rows:
-                out.write(f"    {k:<{width}}  {v}\n")
-        findings = t.get("findings") or []
-        waiting = {}
-        for name, st in (t.get("finding_status") or {}).items():
-            if st.get("status") != "ok":
-                waiting.setdefault(f"{st['status']}: {st.get('reason') or '-'}", []).append(name)
-        for why, names in waiting.items():      # what is not judged, and why (drift engine statuses)
-            out.write(f"  not judged ({', '.join(names)}): {why}\n")
-        if not findings:
-            out.write("  findings: none\n")
-            continue
-        out.write("  findings\n")
-        head = ("severity", "score", "finding", "parameter", "configured", "recommended")
-        cells = [head] + [(f["severity"], f"{f['score']:.2f}", f["finding"], f.get("parameter") or "-",
-                           _fmt(f.get("configured")), _fmt(f.get("recommended"))) for f in findings]
-        widths = [max(len(str(r[i])) for r in cells) for i in range(len(head))]
-        for row in cells:
-            out.write("    " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
-        for f in findings:
-            if f.get("explanation"):
-                out.write(f"    - {f['finding']}: {f['explanation']}\n")
+        table = Table(title="observed", title_justify="left", box=box.SIMPLE, show_header=False,
+                      pad_edge=False)
+        table.add_column("group", style="dim")
+        table.add_column("signal")
+        table.add_column("value", justify="right")
+        shown = 0
+        for group, keys in SHOWN:
+            first = True
+            for k in keys:
+                if obs.get(k) is None:
+                    continue
+                table.add_row(group if first else "", k, _fmt(obs[k]))
+                first = False
+                shown += 1
+        if shown:
+            con.print(table)
+            rest = sum(1 for v in obs.values() if v is not None) - shown
+            if rest > 0:
+                con.print(f"  [dim]{rest} more observed signals in --json[/dim]")
+        findings = [f for f in t.get("findings") or []
+                    if f["finding"] not in ("insufficient_data", "unavailable")]
+        if findings:
+            confident = any(f.get("confidence") is not None for f in findings)
+            ft = Table(title="findings", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+            ft.add_column("severity", no_wrap=True)
+            ft.add_column("finding", no_wrap=True)
+            ft.add_column("score", justify="right", no_wrap=True)
+            if confident:
+                ft.add_column("confidence", justify="right", no_wrap=True)
+            ft.add_column("change")
+            for f in findings:
+                change = "-"
+                if f.get("parameter"):
+                    change = f"{f['parameter']}: {_fmt(f.get('configured'))} -> {_fmt(f.get('recommended'))}"
+                row = [f"[{SEVERITY_STYLE.get(f['severity'], '')}]{f['severity']}[/]", f["finding"],
+                       f"{f['score']:.2f}"]
+                if confident:
+                    conf = f.get("confidence")
+                    row.append("-" if conf is None else f"{conf:.2f}")
+                ft.add_row(*row, escape(change))
+            con.print(ft)
+            for f in findings:
+                if f.get("explanation"):
+                    con.print(f"  [bold]{f['finding']}[/bold]: {escape(f['explanation'])}", highlight=False)
+        else:
+            con.print("  findings: none")
+        need, reasons = t.get("needs_more_data") or [], t.get("needs_more_data_reasons") or {}
+        if need:
+            by_reason: dict[str, list[str]] = {}
+            for name in need:
+                why = reasons.get(name) or ("a second snapshot (rates)" if n == 1 else "more data")
+                by_reason.setdefault(why, []).append(name)
+            nt = Table(title="needs more data", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+            nt.add_column("findings")
+            nt.add_column("why")
+            for why, names in by_reason.items():
+                nt.add_row(", ".join(names), escape(why))
+            con.print(nt)
+            if n == 1:
+                con.print("  [dim]for rates: --interval SECONDS (URLs), --after FILE (files), or two "
+                          "time-stamped dumps on stdin[/dim]")
+        for name, why in (t.get("unavailable") or {}).items():
+            con.print(f"  [dim]unavailable: {name}: {escape(why)}[/dim]", highlight=False)

@@ -16,7 +16,9 @@ copied):
 - KV pool: `num_gpu_blocks - 1` usable blocks of `block_size` tokens (block 0 is vLLM's null
   block). With prefix caching, full blocks keep a hash after release and stay reusable until
   evicted (LRU); shared prompt prefixes and a preempted request's own blocks can be hit.
-  `kv_usage` = referenced blocks / usable blocks, as `BlockPool.get_usage` reports it.
+  `kv_usage` = referenced blocks / usable blocks, as `BlockPool.get_usage` reports it, taken
+  (with running/waiting) at the end of the step, after finished requests freed their blocks, as
+  the scheduler's stats are made in `update_from_output`.
 - Step time comes from an injected callable (the calculator's step-time model), so the engine
   itself is pure: no clock, no I/O; randomness only from the seeded `random.Random`.
 """
@@ -538,6 +540,12 @@ class Engine:
             self.running = [r for r in self.running if id(r) not in done]
             for req in finished:
                 self._finish(req, t_end)
+        # the gauges as vLLM's scheduler reports them: stats are made after the step's output is
+        # processed (finished requests freed, before the next step admits anyone), so a poll can
+        # catch the pool right after requests left it -- the dips a real small pool shows
+        m.running = len(self.running)
+        m.waiting = len(self.waiting)
+        m.kv_usage = self.pool.usage()
         self.last_step = {"preempted": preempted, "admitted": self._admitted,
                           "scheduled": len(scheduled),
                           "prefill_tokens": prefill_tokens, "decode_seqs": decode_seqs,

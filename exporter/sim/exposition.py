@@ -356,14 +356,15 @@ def _python_process_text(start: float, now: float) -> str:
 def cache_config_values(era: Era, *, block_size: int, num_gpu_blocks: int,
                         gpu_memory_utilization: float, enable_prefix_caching: bool,
                         cache_dtype: str = "auto", max_model_len: int = 4096,
-                        kv_cache_memory_bytes: int | None = None) -> dict[str, str]:
+                        kv_cache_memory_bytes: int | None = None,
+                        num_gpu_blocks_override: int | None = None) -> dict[str, str]:
     """`cache_config_info` label values as that era's CacheConfig stringifies them."""
     v = {
         "block_size": str(block_size), "cache_dtype": cache_dtype,
         "calculate_kv_scales": "False", "enable_prefix_caching": str(bool(enable_prefix_caching)),
         "gpu_memory_utilization": repr(float(gpu_memory_utilization)),
         "is_attention_free": "False", "num_gpu_blocks": str(num_gpu_blocks),
-        "num_gpu_blocks_override": "None", "sliding_window": "None", "num_cpu_blocks": "None",
+        "num_gpu_blocks_override": "None" if num_gpu_blocks_override is None else str(num_gpu_blocks_override), "sliding_window": "None", "num_cpu_blocks": "None",
     }
     if not era.v1:
         v.update({"cpu_offload_gb": "0", "swap_space_bytes": "4294967296", "num_cpu_blocks": "9362"})

@@ -41,7 +41,8 @@ class VllmFlags:
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
     block_size: int = 16
-    num_gpu_blocks: int | None = None          # override of the calculator's KV capacity
+    num_gpu_blocks: int | None = None          # --num-gpu-blocks-override (the pool's block count)
+    kv_cache_memory_bytes: int | None = None   # --kv-cache-memory-bytes (the pool's size, 0.10.2+)
     spec_tokens: int = 0
     spec_acceptance: float = 0.0
     spec_draft_cost: float = 0.05
@@ -68,6 +69,9 @@ class Scenario:
     # the server's true step times are this x what the calculator predicts (a GPU, driver or
     # build the catalog does not describe); nothing in the exposition says so
     step_time_scale: float = 1.0
+    # the promise the demo and the README make: the ground-truth finding shows at warning or
+    # above within this much wall time after the daemon starts (demo settings, speed 1)
+    detect_within_s: float | None = None
 
     @property
     def model_name(self) -> str:
@@ -81,9 +85,10 @@ def builtin_names() -> list[str]:
 # ---- parsing ----------------------------------------------------------------------------------
 _TOP = {"name", "description", "model", "served_model_name", "gpu", "tp", "quantization", "vllm",
         "traffic", "phases", "ground_truth", "acceptable", "speed", "vllm_version", "warmup",
-        "step_time_scale"}
+        "step_time_scale", "detect_within"}
 _VLLM = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-         "enable_prefix_caching", "kv_cache_dtype", "block_size", "num_gpu_blocks", "speculative"}
+         "enable_prefix_caching", "kv_cache_dtype", "block_size", "num_gpu_blocks", "speculative",
+         "kv_cache_memory_bytes"}
 _SPEC = {"num_speculative_tokens", "acceptance", "draft_cost"}
 _TRAFFIC = {"rate", "arrival", "burst_factor", "burst_fraction", "burst_period", "diurnal_period",
             "diurnal_amplitude", "prompt", "output", "max_tokens", "shared_prefix", "concurrency",
@@ -231,6 +236,8 @@ def _flags(r: _Reader, value: Any, path: str, base: VllmFlags) -> VllmFlags:
         block_size=r.num(v, "block_size", p + "block_size", base.block_size, integer=True, lo=1),
         num_gpu_blocks=r.num(v, "num_gpu_blocks", p + "num_gpu_blocks", base.num_gpu_blocks,
                              integer=True, lo=2),
+        kv_cache_memory_bytes=r.num(v, "kv_cache_memory_bytes", p + "kv_cache_memory_bytes",
+                                    base.kv_cache_memory_bytes, integer=True, lo=1),
         spec_tokens=r.num(spec, "num_speculative_tokens", p + "speculative.num_speculative_tokens",
                           base.spec_tokens, integer=True, lo=0, hi=16),
         spec_acceptance=r.num(spec, "acceptance", p + "speculative.acceptance", base.spec_acceptance,
@@ -292,6 +299,8 @@ def parse_scenario(data: Any, where: str) -> Scenario:
         quantization=r.text(top, "quantization", "quantization", None),
         warmup_s=_duration(r, top["warmup"], "warmup") if top.get("warmup") is not None else 0.0,
         restarts=tuple(restarts), step_time_scale=step_scale,
+        detect_within_s=(_duration(r, top["detect_within"], "detect_within")
+                         if top.get("detect_within") is not None else None),
     )
 
 
@@ -326,12 +335,15 @@ class Resolved:
     max_model_len: int
     gpu_memory_utilization: float
     kv_cache_dtype: str
-    capacity_source: str        # "calculator", "scenario override" or "fallback estimate"
+    capacity_source: str        # "calculator", "scenario override", "kv_cache_memory_bytes", "fallback estimate"
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
 
 
 def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
             version: str | None = None, flags: VllmFlags | None = None) -> Resolved:
     """Resolve model/GPU/flags through the calculator's Setup, KV capacity and step-time model."""
+    from exporter.model.kv_cache import bytes_per_token
     from exporter.model.setup import Setup
 
     f = flags or sc.flags
@@ -342,6 +354,10 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
                         max_num_batched_tokens=f.max_num_batched_tokens, block_size=f.block_size,
                         vllm_version=version or sc.vllm_version)
     blocks, source = _capacity(setup, f.num_gpu_blocks)
+    if f.kv_cache_memory_bytes and not f.num_gpu_blocks:
+        # vLLM sizes the pool from the bytes given instead of profiling memory
+        blocks = max(2, int(f.kv_cache_memory_bytes // (bytes_per_token(setup) * setup.block_size)))
+        source = "kv_cache_memory_bytes"
     if (blocks - 1) * setup.block_size < setup.max_model_len:
         raise InputError(f"{sc.source}: vllm.max_model_len: {setup.max_model_len} tokens do not fit "
                          f"the KV cache ({(blocks - 1) * setup.block_size} tokens); vLLM would "
@@ -355,7 +371,8 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
         spec_draft_cost=f.spec_draft_cost,
         iteration_tokens_computed_only=era.iteration_tokens_computed_only)
     return Resolved(cfg, _step_time(setup, sc.step_time_scale), setup.max_model_len, setup.gpu_memory_utilization,
-                    setup.kv_cache_dtype, source)
+                    setup.kv_cache_dtype, source, num_gpu_blocks_override=f.num_gpu_blocks,
+                    kv_cache_memory_bytes=f.kv_cache_memory_bytes)
 
 
 def _capacity(setup, override: int | None) -> tuple[int, str]:
@@ -503,7 +520,9 @@ def _make(sc: Scenario, flags: VllmFlags, *, era: Era, version: str, model: str 
     cache = cache_config_values(era, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
                                 gpu_memory_utilization=res.gpu_memory_utilization,
                                 enable_prefix_caching=cfg.enable_prefix_caching,
-                                cache_dtype=res.kv_cache_dtype, max_model_len=res.max_model_len)
+                                cache_dtype=res.kv_cache_dtype, max_model_len=res.max_model_len,
+                                kv_cache_memory_bytes=res.kv_cache_memory_bytes,
+                                num_gpu_blocks_override=res.num_gpu_blocks_override)
     renderer = Renderer(era, model_name=model_name, max_model_len=res.max_model_len,
                         max_num_seqs=cfg.max_num_seqs, cache_config=cache, start_time=start_time,
                         spec_tokens=cfg.spec_tokens)

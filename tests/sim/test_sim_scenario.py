@@ -9,7 +9,11 @@ from exporter.sim.scenario import FINDINGS, build, builtin_names, load_scenario
 
 REQUIRED = {"healthy", "kv-pressure", "max-num-seqs-too-low", "oversized-max-model-len",
             "low-gpu-memory-utilization", "idle-overprovisioned", "wrong-tier",
-            "spec-decode-harmful", "prefix-caching-off"}
+            "spec-decode-harmful", "prefix-caching-off", "small-pool-pressure", "max-tokens-bound",
+            "cpu-bound-healthy"}
+
+
+HEALTHY = {"healthy", "cpu-bound-healthy", "max-tokens-bound"}
 
 
 def test_all_required_builtins_exist_with_ground_truth():
@@ -19,7 +23,10 @@ def test_all_required_builtins_exist_with_ground_truth():
         sc = load_scenario(name)
         assert sc.name == name
         assert set(sc.ground_truth) <= set(FINDINGS)
-        assert (sc.ground_truth == ()) == (name == "healthy"), name
+        # the healthy ones: nothing to find (cpu-bound-healthy: busy, max-tokens-bound: length
+        # stops of the clients' own max_tokens)
+        assert (sc.ground_truth == ()) == (name in HEALTHY), name
+        assert sc.detect_within_s and sc.detect_within_s > 0, f"{name}: detect_within missing"
         assert not set(sc.ground_truth) & set(sc.acceptable)
 
 
