@@ -16,11 +16,11 @@ import asyncio
 import dataclasses
 import datetime
 import gc
-import json
 import os
 import signal
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +34,12 @@ from exporter.drift.state import StateStore
 from exporter.discovery import Discovery, build_discovery
 from exporter.errors import InputError, ParseError, ScrapeError
 from exporter.events import Narrator
-from exporter.export.collector import Exposition, FleetView, TargetView
+from exporter.export.cache import CachedExposition, CapsCollector
+from exporter.export.collector import FleetView, TargetView
+from exporter.export.findings import Entry, FindingsIndex, ReportCache, TargetsIndex
 from exporter.export.server import HTTPServer, Published
 from exporter.parse import parse_vllm
+from exporter.parse.canonical import READER
 from exporter.parse.metadata import Metadata
 from exporter.parse.snapshot import Snapshot
 from exporter.pipeline import Pipelines, TargetPipeline
@@ -76,6 +79,7 @@ class TargetState:
     start_time: float | None = None
     served: tuple[tuple[str, str], ...] | None = None   # (model_name, engine_era) of the last scrape
     gpus: TargetGpus | None = None    # when DCGM is configured
+    evaluated: dict[str, tuple[Snapshot, float]] = field(default_factory=dict)  # model -> (snapshot, when) last evaluated
 
     def fail(self, reason: str, message: str, now: float) -> None:
         self.up = False
@@ -105,8 +109,10 @@ class Daemon:
         self.pipelines.on_state_error = self._state_error
         self.targets: dict[str, TargetState] = {}
         self.narrator = Narrator(log)   # what the operator reads: discoveries, windows, findings
-        self.exposition = Exposition()
-        self.published = Published(self.exposition.render)
+        self.exposition = CachedExposition()
+        self.exposition.registry.register(CapsCollector(self._caps))
+        self.published = Published(self.exposition.render, self.exposition.render_gzip)
+        self.report_json = ReportCache()
         self.published.reload = self._reload_from_http
         self.dcgm = self.gpu_collector = None
         self._setup_dcgm(cfg)
@@ -115,11 +121,13 @@ class Daemon:
         self.evaluation_duration: float | None = None
         self.cycle_duration: float | None = None
         self.cycles = 0.0
+        self.evaluations = 0
         self.skipped_cycles = 0.0
         self.ready = False
         self.scheduler: AsyncIOScheduler | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stop = asyncio.Event()
+        self._waiting: set[asyncio.Task] = set()
         self._gc_full_at = time.monotonic()
         self._reload_requested = False
         self._foreign_tasks: set[asyncio.Task] = set()
@@ -210,7 +218,12 @@ class Daemon:
             if gpus is not None:
                 self.targets[url].gpus = gpus.get(url)
         states = list(self.targets.values())
-        results = await asyncio.gather(*(self.scrape_one(st) for st in states), return_exceptions=True)
+        spread = self._scrape_spread(len(states))
+        if spread > 0:
+            results = await asyncio.gather(*(self._scrape_at(st, spread * _phase(st.spec.url)) for st in states),
+                                           return_exceptions=True)
+        else:
+            results = await asyncio.gather(*(self.scrape_one(st) for st in states), return_exceptions=True)
         for st, res in zip(states, results):   # a bug hit by one target must not void the cycle
             if isinstance(res, Exception):
                 log.error("scrape of a target raised", target=st.spec.url, error=f"{type(res).__name__}: {res}"[:300])
@@ -224,6 +237,33 @@ class Daemon:
         else:
             self.publish()
         self._gc_maintenance()
+
+    # Fleets larger than this many scrape slots have their target scrapes staggered.
+    STAGGER_ABOVE = 4
+
+    def _scrape_spread(self, n: int) -> float:
+        """Seconds over which one cycle's target scrapes are staggered: 0 for a fleet that fits
+        in a few rounds of the concurrency limit; else half the interval, or less when the
+        scrape timeout leaves less room. Each target keeps its
+        phase (a hash of its URL) from cycle to cycle, so its scrapes stay `interval` apart, the
+        first cycle after start-up reaches every target within the first interval, and the
+        fetch, parse and GIL load is spread instead of arriving as one herd."""
+        sc = self.cfg.scrape
+        if self.reader is not None or n <= sc.concurrency * self.STAGGER_ABOVE:
+            return 0.0
+        # a hanging target holds its scrape for the whole timeout: the last-started scrape must
+        # still end before the next cycle is due, or that cycle is skipped
+        return max(0.0, min(sc.interval / 2, (sc.interval - sc.timeout) * 0.8))
+
+    async def _scrape_at(self, st: TargetState, delay: float) -> None:
+        task = asyncio.current_task()
+        self._waiting.add(task)          # shutdown cancels scrapes that have not started
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self._waiting.discard(task)
+        if self.targets.get(st.spec.url) is st:      # still wanted (a reload may have dropped it)
+            await self.scrape_one(st)
 
     async def scrape_one(self, st: TargetState) -> None:
         if self.reader is not None:
@@ -322,24 +362,81 @@ class Daemon:
         return changed
 
     # ----------------------------------------------------------------- evaluate
-    def evaluate(self) -> None:
-        start = time.perf_counter()
-        now = time.time()
+    # A target whose window has not changed since its last evaluation is evaluated again only
+    # after this share of the window (so a down target's findings still age out).
+    REEVALUATE_UNCHANGED = 0.25
+    EVALUATION_CHUNK = 64     # targets evaluated between two yields to the event loop
+
+    def _due(self, now: float) -> list[tuple[TargetState, str, TargetPipeline]]:
+        """(target, model, pipeline) whose window changed since its last evaluation, or whose
+        last evaluation is older than REEVALUATE_UNCHANGED x window."""
+        stale = self.cfg.evaluation.window * self.REEVALUATE_UNCHANGED
+        due = []
         for st in self.targets.values():
             for model, pipe in st.pipelines.items():
                 if pipe.latest is None:
                     continue
-                try:
-                    pipe.spec = st.spec
-                    st.reports[model] = pipe.evaluate(st.metadata, now)
-                except Exception:  # one target's bad data must not stop the others
-                    log.exception("evaluation failed", target=st.spec.url, model_name=model)
-                    continue
-                try:
-                    self.narrator.evaluated(st.spec.url, model, st.reports[model], pipe.window.duration,
-                                            slack_s=self.cfg.scrape.interval)
-                except Exception:  # telling must never stop judging
-                    log.exception("event logging failed", target=st.spec.url, model_name=model)
+                last = st.evaluated.get(model)
+                if last is None or last[0] is not pipe.latest or now - last[1] >= stale or model not in st.reports:
+                    due.append((st, model, pipe))
+        return due
+
+    def _evaluate_one(self, st: TargetState, model: str, pipe: TargetPipeline, now: float) -> None:
+        try:
+            pipe.spec = st.spec
+            st.reports[model] = pipe.evaluate(st.metadata, now)
+            st.evaluated[model] = (pipe.latest, now)
+        except Exception:  # one target's bad data must not stop the others
+            log.exception("evaluation failed", target=st.spec.url, model_name=model)
+            return
+        try:
+            self.narrator.evaluated(st.spec.url, model, st.reports[model], pipe.window.duration,
+                                    slack_s=self.cfg.scrape.interval)
+        except Exception:  # telling must never stop judging
+            log.exception("event logging failed", target=st.spec.url, model_name=model)
+
+    def evaluate(self) -> None:
+        """Evaluate every due target at once (the spread form is `evaluate_spread`)."""
+        start = time.perf_counter()
+        now = time.time()
+        for st, model, pipe in self._due(now):
+            self._evaluate_one(st, model, pipe, now)
+        self._evaluated(start)
+
+    async def evaluate_spread(self, spread: float) -> None:
+        """Evaluate the due targets in chunks spread over up to `spread` seconds, yielding to
+        the event loop between chunks: scrapes go on meanwhile, and the HTTP thread never waits
+        behind a whole fleet's evaluation."""
+        start = time.perf_counter()
+        due = self._due(time.time())
+        chunks = max(1, -(-len(due) // self.EVALUATION_CHUNK))
+        pause = spread / chunks if chunks > 1 else 0.0
+        for i in range(0, len(due), self.EVALUATION_CHUNK):
+            t0 = time.perf_counter()
+            now = time.time()
+            done: dict[str, TargetState] = {}
+            for st, model, pipe in due[i:i + self.EVALUATION_CHUNK]:
+                if self.targets.get(st.spec.url) is st and st.pipelines.get(model) is pipe:
+                    self._evaluate_one(st, model, pipe, now)
+                    done[st.spec.url] = st
+            for url, st in done.items():     # its /metrics block now, not all at the next publish
+                self.exposition.prerender(self._view(url, st))
+            gc.collect(1)       # a chunk's reports are long-lived: out of the automatic full scans
+            gc.freeze()
+            wait = max(0.0, pause - (time.perf_counter() - t0))
+            if wait > 0 and not self._stop.is_set():
+                try:                     # a pause that ends at once when the daemon stops
+                    await asyncio.wait_for(self._stop.wait(), wait)
+                except TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(0)
+            if self._stop.is_set():
+                pause = 0.0      # stopping: finish the pass without pauses
+        self._evaluated(start)
+
+    def _evaluated(self, start: float) -> None:
+        self.evaluations += 1
         self.last_evaluation = time.time()
         self.evaluation_duration = time.perf_counter() - start
         self.narrator.summary((r for st in self.targets.values() for r in st.reports.values()),
@@ -350,36 +447,55 @@ class Daemon:
 
     # ----------------------------------------------------------------- publish
     def publish(self) -> None:
-        views, findings, targets = [], [], []
+        """Swap in what the endpoints serve. Cheap per target: `/metrics` re-renders only the
+        report families of targets evaluated since the last publish (exporter/export/cache.py),
+        and the JSON documents are built when requested (exporter/export/findings.py)."""
+        views, entries, rows, current = [], [], [], []
         for url, st in sorted(self.targets.items()):
-            version = st.metadata.vllm_version if st.metadata else None
-            models = {m: p.latest.engine_era for m, p in st.pipelines.items() if p.latest is not None}
-            reports = tuple(st.reports[m] for m in sorted(st.reports) if m in models)
-            views.append(TargetView(url, st.spec.source, st.up, st.duration_s, st.last_success,
-                                    dict(st.errors), version, models, reports))
+            tv = self._view(url, st)
+            views.append(tv)
+            version, models, reports, errors = tv.vllm_version, tv.models, tv.reports, tv.errors
             if reports:
-                findings.extend(r.to_json() for r in reports)
+                entries.extend(Entry(url, r, None) for r in reports)
+                current.extend(reports)
             else:
-                findings.append({"target": url, "vllm_version": version, "model_name": None,
-                                 "status": "down" if st.up is False else "pending",
-                                 "error": st.last_error, "observed": {}, "findings": []})
-            targets.append({"target": url, "source": st.spec.source, "up": st.up,
-                            "scrape_duration_seconds": st.duration_s, "last_success": st.last_success,
-                            "last_error": st.last_error, "last_error_reason": st.last_reason,
-                            "errors": st.errors, "vllm_version": version, "models": models,
-                            "hints": st.spec.model_dump(exclude={"url", "source"}, exclude_none=True),
-                            "gpus": None if st.gpus is None else dataclasses.asdict(st.gpus)})
+                entries.append(Entry(url, None, {
+                    "target": url, "vllm_version": version, "model_name": None,
+                    "status": "down" if st.up is False else "pending",
+                    "error": st.last_error, "observed": {}, "findings": []}))
+            rows.append((url, st.spec, st.up, st.duration_s, st.last_success, st.last_error, st.last_reason,
+                         errors, version, models, st.gpus))
         view = FleetView(tuple(views), self.last_evaluation, self.evaluation_duration, self.reload_failures,
                          self.reloads, self.config_loaded_at, dict(self.discovery_errors), self.cycle_duration,
                          self.cycles, self._state_errors(), self.ready)
         if self.gpu_collector is not None:
             self.gpu_collector.view = {url: st.gpus for url, st in self.targets.items() if st.gpus is not None}
         self.exposition.publish(view)
-        # One json.dumps per target, not one for the fleet: the C encoder holds the GIL for a whole
-        # call, and at 1,000 targets one call held /metrics answers back by ~100 ms.
-        self.published.findings = _json_list({"generated_at": time.time()}, "targets", findings)
-        self.published.targets = _json_list({}, "targets", targets)
+        self.report_json.retain(current)
+        self.published.findings_index = FindingsIndex(time.time(), entries, self.report_json)
+        self.published.targets_index = TargetsIndex(rows, _target_json)
         self.published.ready = self.ready
+
+    @staticmethod
+    def _view(url: str, st: TargetState) -> TargetView:
+        version = st.metadata.vllm_version if st.metadata else None
+        models = {m: p.latest.engine_era for m, p in st.pipelines.items() if p.latest is not None}
+        reports = tuple(st.reports[m] for m in sorted(st.reports) if m in models)
+        return TargetView(url, st.spec.source, st.up, st.duration_s, st.last_success,
+                          dict(st.errors), version, models, reports)
+
+    def _caps(self) -> dict[str, tuple[float, float | None]]:
+        """The memory caps (docs/scaling.md "Memory caps") and how full each is."""
+        sc = self.cfg.scrape
+        parser = READER.cache_sizes()
+        return {
+            "scrape_body_bytes": (sc.max_body_bytes, None),
+            "scrape_bodies_in_flight": (sc.concurrency, None),
+            "models_per_target": (MAX_MODELS_PER_TARGET, None),
+            "parser_sample_heads": (READER.max_heads, parser["heads"]),
+            "parser_label_sets": (READER.max_labelsets, parser["labelsets"]),
+            "render_sample_heads": self.exposition.head_cache(),
+        }
 
     # ----------------------------------------------------------------- reload
     def reload(self) -> str:
@@ -398,6 +514,8 @@ class Daemon:
         self.discovery.close()
         self.discovery = self._make_discovery(new)
         self.pipelines.reconfigure(new)
+        for st in self.targets.values():
+            st.evaluated.clear()
         self._setup_dcgm(new)
         if new.state_dir != old.state_dir:
             self.state_store = StateStore(new.state_dir) if new.state_dir else None
@@ -471,6 +589,7 @@ class Daemon:
         sched.add_job(self._evaluate_job, "interval", seconds=ev.interval, id="evaluate", max_instances=1,
                       coalesce=True, misfire_grace_time=None)
         sched.add_job(self.watch_config, "interval", seconds=2, id="config", max_instances=1, coalesce=True)
+        sched.add_job(self._gc_tick, "interval", seconds=1, id="gc", max_instances=1, coalesce=True)
         sched.start()
         try:
             if duration is None:
@@ -484,24 +603,38 @@ class Daemon:
             await self.shutdown()
 
     async def _evaluate_job(self) -> None:
-        self.evaluate()
+        # spread over half the interval (the next pass never waits for this one); the first
+        # pass as fast as it goes (readiness waits for it), still yielding between chunks
+        await self.evaluate_spread(self.cfg.evaluation.interval / 2 if self.ready else 0.0)
         self._gc_maintenance()
 
-    def _gc_maintenance(self, full_every: float = 600.0) -> None:
+    GC_FULL_EVERY = 300.0      # seconds between full collections of the frozen long-lived state
+
+    def _gc_maintenance(self, full_every: float | None = None) -> None:
         """Keep the long-lived state out of the cyclic collector's scans.
 
-        At 1,000 targets the heap holds ~200k tracked objects (windows, reports, views), and
-        CPython's automatic full collections scanned them all every few seconds: 250 ms pauses
-        holding the GIL, which stalled /metrics answers. That state is freed by reference
-        counting when windows slide, so after each evaluation it is frozen (`gc.freeze`, O(1)),
-        and automatic collections only scan what is newer. Every `full_every` seconds everything
-        is unfrozen and collected once, so reference cycles among it are still reclaimed."""
+        At 3,000 targets the heap holds ~1M tracked objects (windows, reports, views), and
+        CPython's automatic full collections scanned them all: pauses of up to 370 ms holding
+        the GIL, which stalled /metrics answers. That state is freed by reference counting when
+        windows slide, so every second (`_gc_tick`) and after each cycle the young generations
+        are collected (cycles die young: exceptions, futures) and the survivors frozen
+        (`gc.freeze`, O(1)); automatic collections then only scan what is newer than a second.
+        Every `GC_FULL_EVERY` seconds everything is unfrozen and collected once, so reference
+        cycles among old objects are still reclaimed (a churned target's connection, say): one
+        pause of ~80 ms per 1,000 targets every 5 minutes (docs/scaling.md); hourly, the soak's
+        RSS grew 13 % in 10 compressed minutes."""
+        full_every = self.GC_FULL_EVERY if full_every is None else full_every
         now = time.monotonic()
         if now - self._gc_full_at >= full_every:
             gc.unfreeze()
             gc.collect()
             self._gc_full_at = now
+        else:
+            gc.collect(1)
         gc.freeze()
+
+    async def _gc_tick(self) -> None:
+        self._gc_maintenance()
 
     def _request_reload(self) -> None:
         log.info("SIGHUP: reloading config")
@@ -522,6 +655,8 @@ class Daemon:
         # on shutdown, which would throw away the cycle instead of draining it.
         if self.scheduler is not None:
             self.scheduler.pause()
+        for task in list(self._waiting):      # staggered scrapes not yet started
+            task.cancel()
         pending = [t for t in asyncio.all_tasks()
                    if t is not asyncio.current_task() and not t.done() and t not in self._foreign_tasks]
         if pending:
@@ -560,7 +695,10 @@ class Daemon:
         store = self.state_store
         if store is None:
             return
-        if not force and store.last_save is not None and time.time() - store.last_save < self.STATE_SAVE_MIN_INTERVAL:
+        # the state document is encoded in one call holding the GIL (~0.1 s per 1,000 targets
+        # with full windows): at scale, save less often (at most ~1 % of the time paused)
+        every = max(self.STATE_SAVE_MIN_INTERVAL, 0.03 * len(self.targets))
+        if not force and store.last_save is not None and time.time() - store.last_save < every:
             return
         # Windows restored at start-up wait for their target's first good scrape; a save before
         # then (a slow first cycle, a target still down) must carry them over, not drop them.
@@ -576,9 +714,16 @@ class Daemon:
         return dict(self.state_store.errors) if self.state_store is not None else {}
 
 
-def _json_list(head: dict[str, Any], key: str, items: list[dict[str, Any]]) -> bytes:
-    """`json.dumps({**head, key: items})`, encoded item by item (see `Daemon.publish`)."""
-    parts = [json.dumps(head)[:-1] + (", " if head else "") + json.dumps(key) + ": ["]
-    parts.append(", ".join(json.dumps(item) for item in items))
-    parts.append("]}")
-    return "".join(parts).encode()
+def _phase(url: str) -> float:
+    """A target's stable place in [0, 1) within a staggered scrape cycle."""
+    return (zlib.crc32(url.encode()) % 10007) / 10007
+
+
+def _target_json(row: tuple) -> dict[str, Any]:
+    """One `/api/v1/targets` object from the tuple `Daemon.publish` recorded."""
+    url, spec, up, duration, last_success, last_error, last_reason, errors, version, models, gpus = row
+    return {"target": url, "source": spec.source, "up": up, "scrape_duration_seconds": duration,
+            "last_success": last_success, "last_error": last_error, "last_error_reason": last_reason,
+            "errors": errors, "vllm_version": version, "models": models,
+            "hints": spec.model_dump(exclude={"url", "source"}, exclude_none=True),
+            "gpus": None if gpus is None else dataclasses.asdict(gpus)}

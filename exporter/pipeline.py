@@ -47,6 +47,7 @@ class Pipelines:
         self.cfg = cfg
         self.engine = DriftEngine(cfg, one_shot=one_shot, raise_after=raise_after, clear_after=clear_after)
         self.restored_windows: dict[tuple[str, str], dict[str, Any]] = {}
+        self._restored_index: dict[str, set[str]] | None = None   # url -> models of restored_windows
         self.on_state_error: Callable[[str, str], None] | None = None   # (operation, message)
         self.calibration = FleetCalibration(cfg.calibration_rows)
         self.hub = HubSettings.from_config(cfg.huggingface)   # where served models' configs are found
@@ -74,9 +75,21 @@ class Pipelines:
 
     def forget_restored(self, url: str, serving: Iterable[str]) -> None:
         """Saved windows of models this target no longer serves."""
+        if not self.restored_windows:
+            return
         keep = set(serving)
-        for key in [k for k in self.restored_windows if k[0] == url and k[1] not in keep]:
-            del self.restored_windows[key]
+        # by URL, not a scan of every saved window: called on each scrape, and a restart at
+        # 10,000 targets would otherwise cost 10,000 x 10,000 lookups in its first cycle
+        for model in self._restored_models(url) - keep:
+            self.restored_windows.pop((url, model), None)
+
+    def _restored_models(self, url: str) -> set[str]:
+        index = self._restored_index      # built once per restore(); claimed windows only leave
+        if index is None:
+            index = self._restored_index = {}
+            for u, m in self.restored_windows:
+                index.setdefault(u, set()).add(m)
+        return {m for m in index.get(url, ()) if (url, m) in self.restored_windows}
 
     # ------------------------------------------------------------------ state
     def to_state(self, pipelines: Iterable["TargetPipeline"], *,
@@ -98,6 +111,7 @@ class Pipelines:
         for key, wd in (doc.get("windows") or {}).items():
             url, _, model = key.partition("|")
             self.restored_windows[(url, model)] = wd
+        self._restored_index = None
         return n, len(self.restored_windows)
 
 
@@ -192,7 +206,8 @@ class TargetPipeline:
         if cal.basis == "calibrated":
             notes += (f"predictions calibrated on this server's pool ({cal.updates} measurement(s) from "
                       f"{len(self.fleet.calibration.pools[cal.pool].targets) or 1} server(s)); "
-                      f"a-priori TPOT here {cal.prior_tpot_s:.4g} s",)
+                      + (f"a-priori TPOT here {cal.prior_tpot_s:.4g} s" if cal.prior_tpot_s is not None
+                         else "no a-priori TPOT here"),)
         # a described (unprofiled) device stays "unprofiled" until its calibration is confident
         basis = cal.basis if cal.basis == "calibrated" or pred.basis != "unprofiled" else pred.basis
         return replace(pred, tpot_s=cal.tpot_s, ttft_s=cal.ttft_s, prior_tpot_s=cal.prior_tpot_s,

@@ -50,12 +50,26 @@ class Renderer:
     def __init__(self) -> None:
         self._heads: dict[tuple, str] = {}
 
+    def cache(self) -> tuple[int, int]:
+        """(cap, entries) of the sample-head cache."""
+        return _MAX_HEADS, len(self._heads)
+
     def render(self, metrics: Iterable) -> bytes:
+        out: list[str] = []
+        for _name, header, lines in self.parts(metrics, split=False):
+            out.append(header)
+            out.append(lines)
+        return "".join(out).encode("utf-8")
+
+    def parts(self, metrics: Iterable, keep=None, *, split: bool = True) -> list[tuple[str, str, str]]:
+        """(family name, `# HELP`/`# TYPE` header, sample lines) per family, in order; `keep(labels)`
+        selects samples. With `split`, a family with OpenMetrics-only samples (`_created`,
+        `_gsum`, `_gcount`, which the text format writes as families of their own) raises
+        ValueError: its lines cannot be joined per family from separate parts."""
         heads = self._heads
         if len(heads) > _MAX_HEADS:
             heads.clear()
-        out: list[str] = []
-        append = out.append
+        result: list[tuple[str, str, str]] = []
         for metric in metrics:
             mname, mtype = metric.name, metric.type
             if mtype == "counter":
@@ -70,12 +84,16 @@ class Renderer:
             elif mtype == "unknown":
                 mtype = "untyped"
             doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-            append(f"# HELP {mname} {doc}\n# TYPE {mname} {mtype}\n")
+            header = f"# HELP {mname} {doc}\n# TYPE {mname} {mtype}\n"
             base = metric.name
             special = (base + "_created", base + "_gsum", base + "_gcount")
             om: dict[str, list[str]] = {}
+            out: list[str] = []
+            append = out.append
             for s in metric.samples:
                 name, labels, value, ts = s[0], s[1], s[2], s[3]
+                if keep is not None and not keep(labels):
+                    continue
                 key = (name, tuple(labels.items()))
                 head = heads.get(key)
                 if head is None:
@@ -85,10 +103,13 @@ class Renderer:
                 else:
                     line = f"{head}{_go_float(value)} {int(float(ts) * 1000):d}\n"
                 if name in special:
+                    if split:
+                        raise ValueError(f"{name}: an OpenMetrics-only sample cannot be rendered in parts")
                     om.setdefault(name[len(base):], []).append(line)
                 else:
                     append(line)
             for suffix, lines in sorted(om.items()):
                 append(f"# HELP {base}{suffix} {doc}\n# TYPE {base}{suffix} gauge\n")
                 out.extend(lines)
-        return "".join(out).encode("utf-8")
+            result.append((mname, header, "".join(out)))
+        return result

@@ -23,23 +23,57 @@ import structlog
 from exporter import __version__, buildinfo
 from exporter.config import WebConfig
 from exporter.export import status_page
+from exporter.export.findings import QueryError, parse_query
 
 log = structlog.get_logger("vllm_drift.http")
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+INLINE_GZIP_MAX = 256 * 1024   # larger /metrics bodies are gzipped once per publish, off the request path
 # The status page runs no script and loads nothing: its inline stylesheet is all it may use.
 PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
 
 class Published:
-    """Everything the endpoints serve, swapped as a whole by the daemon (reads need no lock)."""
+    """Everything the endpoints serve, swapped as a whole by the daemon (reads need no lock).
 
-    def __init__(self, metrics: Callable[[], bytes]) -> None:
+    `findings`/`targets` are the full JSON documents; `findings_index`/`targets_index`
+    (exporter/export/findings.py), when set, build them on request, filtered and paginated."""
+
+    def __init__(self, metrics: Callable[[], bytes], metrics_gzip: Callable[[], bytes | None] | None = None) -> None:
         self.metrics = metrics
-        self.findings: bytes = b'{"targets": []}'
-        self.targets: bytes = b'{"targets": []}'
+        self.metrics_gzip = metrics_gzip     # the gzip body if ready, else None (exporter/export/cache.py)
+        self._findings: bytes = b'{"targets": []}'
+        self._targets: bytes = b'{"targets": []}'
+        self.findings_index = None
+        self.targets_index = None
         self.ready = False
         self.reload: Callable[[], str] | None = None
+
+    @property
+    def findings(self) -> bytes:
+        return self.findings_index.document() if self.findings_index is not None else self._findings
+
+    @findings.setter
+    def findings(self, value: bytes) -> None:
+        self._findings, self.findings_index = value, None
+
+    @property
+    def targets(self) -> bytes:
+        return self.targets_index.document() if self.targets_index is not None else self._targets
+
+    @targets.setter
+    def targets(self, value: bytes) -> None:
+        self._targets, self.targets_index = value, None
+
+    def api_document(self, which: str, query: str) -> tuple[int, bytes]:
+        """(status, body) of `/api/v1/findings` or `/api/v1/targets` with its query string."""
+        index = self.findings_index if which == "findings" else self.targets_index
+        if index is None:
+            return 200, self.findings if which == "findings" else self.targets
+        try:
+            return 200, index.document(parse_query(query))
+        except QueryError as exc:
+            return 400, json.dumps({"error": str(exc)}).encode()
 
 
 class Authenticator:
@@ -97,6 +131,9 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
             if "gzip" in (self.headers.get("Accept-Encoding") or "") and len(body) > 1024:
                 body = gzip.compress(body, compresslevel=1)
                 extra = {**(extra or {}), "Content-Encoding": "gzip"}
+            self._send_raw(code, body, ctype, extra)
+
+        def _send_raw(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -107,6 +144,22 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
+
+        def _send_metrics(self) -> None:
+            """The cached gzip body when the client takes gzip and it is ready (compressed once per
+            publish, not per request); otherwise the plain bytes."""
+            if pub.metrics_gzip is not None and "gzip" in (self.headers.get("Accept-Encoding") or ""):
+                gz = pub.metrics_gzip()
+                if gz is not None:
+                    self._send_raw(200, gz, CONTENT_TYPE_METRICS, {"Content-Encoding": "gzip"})
+                    return
+                body = pub.metrics()
+                if len(body) > INLINE_GZIP_MAX:   # being compressed in the background: send it plain
+                    self._send_raw(200, body, CONTENT_TYPE_METRICS)
+                    return
+                self._send(200, body, CONTENT_TYPE_METRICS)
+                return
+            self._send(200, pub.metrics(), CONTENT_TYPE_METRICS)
 
         def _authorised(self, path: str) -> bool:
             if not auth.enabled or (path == "/-/healthy" and web.open_health):
@@ -122,7 +175,7 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
             if not self._authorised(path):
                 return
             if path == "/metrics":
-                self._send(200, pub.metrics(), CONTENT_TYPE_METRICS)
+                self._send_metrics()
             elif path == "/-/healthy":
                 self._send(200, b"Healthy\n", "text/plain; charset=utf-8")
             elif path == "/-/ready":
@@ -130,10 +183,9 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
                     self._send(200, b"Ready\n", "text/plain; charset=utf-8")
                 else:
                     self._send(503, b"Not ready: the first evaluation has not finished\n", "text/plain; charset=utf-8")
-            elif path == "/api/v1/findings":
-                self._send(200, pub.findings, "application/json")
-            elif path == "/api/v1/targets":
-                self._send(200, pub.targets, "application/json")
+            elif path in ("/api/v1/findings", "/api/v1/targets"):
+                code, body = pub.api_document(path.rsplit("/", 1)[1], self.path.partition("?")[2])
+                self._send(code, body, "application/json")
             elif path == "/":
                 page = status.page(pub.findings, pub.targets)
                 self._send(200, page, "text/html; charset=utf-8", {"Content-Security-Policy": PAGE_CSP})

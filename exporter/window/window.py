@@ -16,8 +16,9 @@ still in the window, like PromQL's `rate()` / `histogram_quantile(rate(...))`.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exporter.parse.snapshot import Histogram, Snapshot
 
@@ -166,8 +167,11 @@ class Window:
         if self._size:
             prev_idx = (self._head + self._size - 1) % cap
             prev = self._ring[prev_idx]
-            if prev is not None and not prev[3] and prev[2] is not None:
-                self._ring[prev_idx] = (prev[0], prev[1], None, False)  # thin it to its gauges
+            if prev is not None and prev[2] is not None:
+                if not prev[3]:
+                    self._ring[prev_idx] = (prev[0], prev[1], None, False)  # thin it to its gauges
+                else:           # a baseline from now on: its bucket counts in flat arrays
+                    self._ring[prev_idx] = (prev[0], prev[1], _compact(prev[2]), True)
         ts = snap.timestamp
         # keepers at least every keep_every seconds and every max_samples/8 entries, so that
         # whichever bound evicts, a whole baseline stays near the oldest end
@@ -262,6 +266,18 @@ class Window:
         if dt <= 0:
             return Observed(**base)
         return Observed(**base, **_deltas(first, newest, dt))
+
+
+def _compact(snap: Snapshot) -> Snapshot:
+    """The same snapshot with each histogram's counts in an `array('d')` (8 bytes a count)
+    instead of a tuple of float objects (8 + 24): a window's baselines are most of a target's
+    memory, and at 10,000 targets this saves ~25 % of the daemon's RSS (docs/scaling.md).
+    Read-only like the original; every Histogram method works on either."""
+    hists = snap.histograms
+    if not hists or all(type(h.counts) is array for h in hists.values()):
+        return snap
+    packed = {k: Histogram(h.bounds, array("d", h.counts), h.sum, h.count) for k, h in hists.items()}
+    return replace(snap, histograms=packed)
 
 
 def is_reset(prev: Snapshot, cur: Snapshot) -> bool:

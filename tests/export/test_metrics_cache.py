@@ -1,0 +1,158 @@
+"""The daemon's cached `/metrics` (per-target report blocks, gzip once per body) and the
+filtered, paginated `/api/v1/findings`, on reports evaluated from real captures, over real HTTP."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from exporter.config import Config, TargetSpec, WebConfig
+from exporter.export.cache import CachedExposition
+from exporter.export.collector import FleetCollector, FleetView, TargetView
+from exporter.export.findings import Entry, FindingsIndex, ReportCache, parse_query
+from exporter.export.render import Renderer
+from exporter.export.server import HTTPServer, Published
+from exporter.parse import parse_vllm
+from exporter.pipeline import Pipelines
+
+
+def evaluated_fleet(captures, copies: int = 1):
+    """TargetViews of every capture (x copies), each evaluated over two scrapes, and their pipes."""
+    fleet = Pipelines(Config())
+    views, pipes = [], {}
+    for c in range(copies):
+        for i, (name, body) in enumerate(sorted(captures.items())):
+            url = f"http://10.{c}.0.{i}:8000"
+            snaps = parse_vllm(body, target=url, timestamp=1000.0)
+            reports = []
+            for snap in snaps:
+                pipe = pipes[(url, snap.model_name)] = fleet.pipeline(TargetSpec(url=url, gpu="H100"), snap.model_name,
+                                                                      window_s=600.0)
+                pipe.observe(snap)
+                pipe.observe(dataclasses.replace(snap, timestamp=1060.0))
+                reports.append(pipe.evaluate(None, 1060.0))
+            views.append(TargetView(url, "static", True, 0.01, 1060.0, {"timeout": 2.0}, "0.10.1",
+                                    {s.model_name: s.engine_era for s in snaps}, tuple(reports)))
+    views.append(TargetView("http://down:1", "file_sd", False, None, None, {"connect": 3.0}, None, {}, ()))
+    return views, pipes
+
+
+def full_render(view: FleetView) -> bytes:
+    c = FleetCollector()
+    c.view = view
+    return Renderer().render(c.collect())
+
+
+def fleet_view(targets) -> FleetView:
+    return FleetView(tuple(targets), 1060.0, 0.2, 0.0, 1.0, 900.0, {}, 0.5, 7.0, {}, True)
+
+
+def test_cached_body_is_the_full_render_and_only_changed_targets_rerender(captures):
+    views, pipes = evaluated_fleet(captures)
+    expo = CachedExposition()
+    view = fleet_view(views)
+    expo.publish(view)
+    first = expo._rendered
+    assert first == full_render(view)
+    assert first.count(b"vllm_drift_evaluation_status{") == sum(len(v.reports) for v in views) > 0
+    reports_rendered = expo.rendered_targets
+    assert reports_rendered == sum(1 for v in views if v.reports)
+
+    # next cycle: every target's scrape state moves, one target is re-evaluated
+    (url, model), pipe = next(iter(pipes.items()))
+    pipe.observe(dataclasses.replace(pipe.latest, timestamp=1075.0))
+    changed = []
+    for v in views:
+        v = dataclasses.replace(v, scrape_duration_s=0.02, last_success=1075.0)
+        if v.target == url:
+            v = dataclasses.replace(v, up=False, reports=(pipe.evaluate(None, 1075.0),) + v.reports[1:])
+        changed.append(v)
+    view2 = fleet_view(changed)
+    expo.publish(view2)
+    assert expo._rendered == full_render(view2) and expo._rendered != first
+    assert expo.rendered_targets == reports_rendered + 1
+    # a target that leaves takes its block with it
+    view3 = fleet_view(changed[1:])
+    expo.publish(view3)
+    assert expo._rendered == full_render(view3)
+    assert f'target="{changed[0].target}"'.encode() not in expo._rendered
+
+
+def test_large_body_is_gzipped_once_in_the_background(captures):
+    views, _ = evaluated_fleet(captures, copies=12)
+    expo = CachedExposition(compress_min_bytes=1024)
+    expo.publish(fleet_view(views))
+    deadline = time.monotonic() + 20
+    gz = None
+    while gz is None and time.monotonic() < deadline:
+        gz = expo.render_gzip()
+        time.sleep(0.02)
+    assert gz is not None
+    plain = gzip.decompress(gz)             # two gzip members: the fleet, then live process metrics
+    assert plain.startswith(expo._rendered) and b"process_" in plain[len(expo._rendered):]
+    assert gz.startswith(expo._gz[1])      # the fleet part is the one compressed per body
+
+
+def entries_of(views):
+    out = []
+    for v in views:
+        if v.reports:
+            out.extend(Entry(v.target, r, None) for r in v.reports)
+        else:
+            out.append(Entry(v.target, None, {"target": v.target, "status": "down", "findings": []}))
+    return out
+
+
+def test_findings_filters_and_pagination(captures):
+    views, _ = evaluated_fleet(captures, copies=2)
+    index = FindingsIndex(1060.0, entries_of(views), ReportCache())
+    full = json.loads(index.document())
+    assert len(full["targets"]) == len(index.entries) == full["total"] and full["next_offset"] is None
+    assert [t["target"] for t in full["targets"]] == [e.target for e in index.entries]
+
+    with_findings = [t for t in full["targets"] if t["findings"]]
+    name = with_findings[0]["findings"][0]["finding"]
+    severity = with_findings[0]["findings"][0]["severity"]
+    doc = json.loads(index.document(parse_query(f"finding={name}")))
+    want = [t for t in full["targets"] if any(f["finding"] == name for f in t["findings"])]
+    assert doc["targets"] == want and doc["total"] == len(want) >= 2
+    doc = json.loads(index.document(parse_query(f"finding={name}&severity={severity}")))
+    assert doc["targets"] == [t for t in want if any(f["finding"] == name and f["severity"] == severity
+                                                     for f in t["findings"])]
+    one = full["targets"][3]["target"]
+    doc = json.loads(index.document(parse_query(f"target={one}")))
+    assert doc["targets"] and {t["target"] for t in doc["targets"]} == {one}
+
+    pages, offset = [], 0
+    while offset is not None:
+        doc = json.loads(index.document(parse_query(f"limit=3&offset={offset}")))
+        assert len(doc["targets"]) <= 3 and doc["total"] == len(full["targets"])
+        pages.extend(doc["targets"])
+        offset = doc["next_offset"]
+    assert pages == full["targets"]
+
+
+def test_findings_api_over_http(captures):
+    views, _ = evaluated_fleet(captures)
+    pub = Published(lambda: b"", None)
+    pub.findings_index = FindingsIndex(1060.0, entries_of(views), ReportCache())
+    srv = HTTPServer("127.0.0.1:0", pub, WebConfig())
+    srv.start()
+    try:
+        base = f"http://127.0.0.1:{srv.port}/api/v1/findings"
+        with urllib.request.urlopen(base + "?limit=2&target=http://down:1,http://10.0.0.0:8000", timeout=5) as r:
+            doc = json.loads(r.read())
+        assert [t["target"] for t in doc["targets"]][:1] == ["http://10.0.0.0:8000"] and len(doc["targets"]) <= 2
+        assert doc["total"] >= 2
+        for bad in ("limit=0", "offset=-1", "limit=x", "colour=red"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"{base}?{bad}", timeout=5)
+            assert err.value.code == 400 and "error" in json.loads(err.value.read())
+        assert json.loads(pub.findings)["total"] == len(pub.findings_index.entries)
+    finally:
+        srv.stop()

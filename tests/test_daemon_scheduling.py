@@ -1,0 +1,54 @@
+"""The daemon's scheduling at scale, on a real daemon scraping real captures over loopback HTTP:
+scrapes are staggered over half the interval once the fleet outgrows the concurrency, a target
+is evaluated again only when its window changed (or has aged a quarter window), an evaluation
+pass yields to the event loop, and the memory caps are exported."""
+from __future__ import annotations
+
+import asyncio
+
+import loopback
+
+from exporter.config import Config, EvaluationConfig, ScrapeConfig, TargetSpec
+from exporter.daemon import Daemon, _phase
+
+
+def daemon_for(urls, **scrape) -> Daemon:
+    return Daemon(Config(listen="127.0.0.1:0", scrape=ScrapeConfig(interval=1.0, timeout=1.0, jitter=0.01, **scrape),
+                         evaluation=EvaluationConfig(interval=1.0, window=60.0),
+                         targets=[TargetSpec(url=u, gpu="L4") for u in urls]))
+
+
+def test_phases_are_stable_and_spread():
+    urls = [f"http://10.0.{i // 250}.{i % 250}:8000" for i in range(2000)]
+    phases = [_phase(u) for u in urls]
+    assert phases == [_phase(u) for u in urls] and all(0 <= p < 1 for p in phases)
+    deciles = [sum(1 for p in phases if k / 10 <= p < (k + 1) / 10) for k in range(10)]
+    assert min(deciles) > 150                     # no herd: every tenth of the spread gets its share
+    d = daemon_for(["http://a:1"], concurrency=2)
+    assert d._scrape_spread(8) == 0.0 and d._scrape_spread(9) == 0.0   # above 4 x concurrency, but timeout = interval
+    d.cfg = d.cfg.model_copy(update={"scrape": d.cfg.scrape.model_copy(update={"interval": 15.0, "timeout": 4.0})})
+    assert d._scrape_spread(9) == 7.5 and d._scrape_spread(8) == 0.0
+
+
+def test_only_changed_windows_are_evaluated_and_caps_are_exported(captures):
+    body = captures["vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"]
+    with loopback.Site(loopback.static({"/metrics": body, "/version": b'{"version":"0.10.1"}',
+                                        "/v1/models": b'{"data":[]}'})) as site:
+        d = daemon_for([site.url])
+
+        async def go():
+            await d.scrape_cycle()
+            d.evaluate()
+            [st] = d.targets.values()
+            first = dict(st.reports)
+            d.evaluate()                          # nothing new scraped: the same report objects
+            assert all(st.reports[m] is r for m, r in first.items())
+            await d.scrape_cycle()                # a new snapshot: evaluated anew
+            await d.evaluate_spread(0.5)
+            assert all(st.reports[m] is not r for m, r in first.items())
+            await d.scraper.aclose()
+        asyncio.run(go())
+        text = d.exposition.render().decode()
+    assert 'vllm_drift_memory_cap{cap="models_per_target"} 64.0' in text
+    assert 'vllm_drift_memory_cap_used{cap="parser_sample_heads"}' in text
+    assert f'vllm_drift_finding_score{{target="{site.url}"' in text or "vllm_drift_evaluation_status{" in text
