@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from rich import box
@@ -24,6 +25,8 @@ from exporter.parse.metadata import Metadata
 from exporter.parse.snapshot import Snapshot
 from exporter.pipeline import Pipelines, TargetPipeline
 from exporter.report import ModelReport
+from exporter.reports.html import require_plotly
+from exporter.reports.scan import render_scan_report
 from exporter.scrape import Scraper
 from exporter.window.window import is_reset
 
@@ -64,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model id or config path, when the served name does not say")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per request (URLs)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--html", metavar="FILE", type=Path,
+                   help="also write a self-contained HTML report: observed vs predicted per target "
+                        "(needs the [report] extra: pip install 'vllm-drift[report]')")
     p.set_defaults(func=run)
 
 
@@ -238,6 +244,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--after pairs with exactly one file TARGET")
     if args.interval is not None and args.interval <= 0:
         raise InputError("--interval must be positive")
+    if args.html is not None:
+        require_plotly()   # fail before the work, with the one-line hint
+        if not args.html.parent.is_dir():
+            raise InputError(f"--html {args.html}: directory {args.html.parent} does not exist")
     fleet = Pipelines(Config(), one_shot=True)
     scanned: list[Scanned] = []
     for target in args.targets:
@@ -252,6 +262,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             scanned.extend(_scan_file(target, args, fleet))
     doc = {"targets": [s.to_json() for s in scanned]}
+    if args.html is not None:
+        try:
+            args.html.write_text(render_scan_report(doc), encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"--html {args.html}: cannot write ({exc.strerror})") from None
+        print(f"vllm-drift scan: wrote {args.html}", file=sys.stderr)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

@@ -63,14 +63,17 @@ def test_chromium_draws_every_plot(report):
 
 
 def test_scan_report_from_a_real_scan(tmp_path, shared, cli_env):
+    """`scan --html` of a real capture: the same page render_scan_report makes of its JSON."""
     prom = shared("fixtures", "prom", "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom")
-    r = subprocess.run([sys.executable, "-m", "exporter", "scan", str(prom), "--gpu", "L40S", "--json"],
-                       capture_output=True, text=True, timeout=120, env=cli_env)
+    out = tmp_path / "scan.html"
+    r = subprocess.run([sys.executable, "-m", "exporter", "scan", str(prom), "--gpu", "L40S", "--json",
+                        "--html", str(out)], capture_output=True, text=True, timeout=120, env=cli_env)
     assert r.returncode in (0, 1), r.stderr   # scan may exit 1 when it has findings
     doc = json.loads(r.stdout)
-    out = tmp_path / "scan.html"
-    out.write_text(render_scan_report(doc), encoding="utf-8")
+    assert f"wrote {out}" in r.stderr
     html = out.read_text(encoding="utf-8")
+    uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # plotly's div ids
+    assert uuid.sub("", html) == uuid.sub("", render_scan_report(doc))
     assert "KV cache tokens: observed vs predicted" in html and "Qwen" in html
     assert not EXTERNAL.findall(html)
     dom = _dump_dom(out)
