@@ -3,14 +3,12 @@
 starts, prints its URL, and stops cleanly on SIGTERM; fleet mode serves many ports."""
 from __future__ import annotations
 
-import asyncio
 import gzip
 import http.client
 import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -19,39 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sim.fleet import FleetSpec, build_fleet
 from exporter.sim.scenario import build, load_scenario
-from exporter.sim.server import Endpoint, serve
+from exporter.sim.server import Endpoint
 
 from conftest import REPO
-
-
-class Running:
-    """serve() in a background thread with its own loop; stopped (and joined) on exit."""
-
-    def __init__(self, bindings, states, duration=30.0):
-        self.urls: list[str] = []
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._stop = None
-
-        def main():
-            asyncio.set_event_loop(self._loop)
-            self._stop = asyncio.Event()
-
-            def ready(urls):
-                self.urls = urls
-                self._ready.set()
-            self._loop.run_until_complete(serve(bindings, states, tick_s=0.1, duration=duration,
-                                                stop=self._stop, on_ready=ready))
-        self._thread = threading.Thread(target=main, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        assert self._ready.wait(20), "server did not start"
-        return self
-
-    def __exit__(self, *exc):
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+from sim_running import Running
 
 
 @pytest.fixture()
