@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -73,6 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# "10.0.0.5:8000" or "vllm-0:8000/": a server given without http://
+HOST_PORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}/?$")
+
+
 def _read(source: str) -> bytes:
     if source == "-":
         return sys.stdin.buffer.read()
@@ -80,6 +85,9 @@ def _read(source: str) -> bytes:
         with open(source, "rb") as fh:
             return fh.read()
     except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and HOST_PORT.match(source):
+            raise InputError(f"{source}: no such file, and a server URL needs its scheme: "
+                             f"http://{source}") from None
         raise InputError(f"{source}: cannot read: {exc.strerror or exc}") from None
 
 

@@ -32,8 +32,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(daemon.run(duration=args.duration))
     except OSError as exc:   # e.g. the listen address is taken
+        import errno
         import sys
 
-        print(f"vllm-drift serve: error: {exc}", file=sys.stderr)
+        if exc.errno == errno.EADDRINUSE:
+            print(f"vllm-drift serve: error: cannot listen on {cfg.listen}: the address is already in use "
+                  f"(another vllm-drift? choose one with --listen HOST:PORT)", file=sys.stderr)
+        else:
+            print(f"vllm-drift serve: error: {exc}", file=sys.stderr)
         return 1
     return 0
