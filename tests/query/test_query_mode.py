@@ -168,7 +168,10 @@ def test_store_down_keeps_last_state_and_counts_reasons(fleet, prometheus, tmp_p
     d = Daemon(cfg, cli_env)
     try:
         wait_for(lambda: get(d.url + "/-/ready")[0] == 200, timeout=60)
-        before = by_target(d)
+        # the first evaluation runs right after the first read (one snapshot, no rates yet): wait
+        # for one whose window has rates, so the state kept below is a settled one
+        before = wait_for(lambda: (lambda b: b if all(t["observed"].get("requests_per_s") is not None
+                                                     for t in b.values()) else None)(by_target(d)), timeout=30)
         victim = fleet[0].url
         # a target that dies is seen down through the store's `up`
         fleet[0].__exit__(None, None, None)
