@@ -18,24 +18,15 @@ from exporter.model.backends import backend_of
 from exporter.parse.snapshot import Histogram, Snapshot
 from exporter.parse.version import read_version
 from exporter.parse.metadata import Metadata
+from exporter.parse.numbers import finite_float
 
 MIN_COVER = 0.5          # share of the window the data must cover
 LIFETIME_MIN_REQUESTS = 50   # finished requests before a server's lifetime shapes stand in for a window
 MIN_SAMPLES = 3
 
 
-def _f(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
 def _q(quantiles: Any, name: str) -> float | None:
-    return None if quantiles is None else _f(getattr(quantiles, name, None))
+    return None if quantiles is None else finite_float(getattr(quantiles, name, None))
 
 
 def _window_hist(window: Any, key: str) -> Histogram | None:
@@ -129,15 +120,15 @@ def context_share(length_share: float | None, mml: float | None, prompt_mean: fl
 def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata | None,
                 observed: Mapping[str, Any], slo: SLO | None, window_s: float, window: Any = None) -> DriftInput:
     cc = latest.config
-    blocks = _f(cc.num_gpu_blocks)
-    bs = _f(cc.block_size)
-    tokens = _f(cc.kv_cache_size_tokens)
+    blocks = finite_float(cc.num_gpu_blocks)
+    bs = finite_float(cc.block_size)
+    tokens = finite_float(cc.kv_cache_size_tokens)
     if tokens is None and blocks and bs:
         tokens = blocks * bs
     kv_mem = cc.kv_cache_memory_bytes
-    mml = _f(observed.get("max_model_len"))
+    mml = finite_float(observed.get("max_model_len"))
     if mml is None:
-        mml = _f(cc.max_model_len)
+        mml = finite_float(cc.max_model_len)
 
     prompt_hist = _window_hist(window, "prompt_tokens") if window is not None else None
     gen_hist = _window_hist(window, "generation_tokens") if window is not None else None
@@ -146,7 +137,7 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
     steps_hist = _window_hist(window, "iteration_tokens") if window is not None else None
     spec_k = None
     per_pos = getattr(obs, "spec_decode_acceptance_per_pos", ()) or ()
-    mean_len = _f(getattr(obs, "spec_decode_mean_acceptance_length", None))
+    mean_len = finite_float(getattr(obs, "spec_decode_mean_acceptance_length", None))
     if window is not None and hasattr(window, "snapshots"):
         snaps = window.snapshots()
         if len(snaps) >= 2:
@@ -159,10 +150,10 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         spec_k = float(len(per_pos))
     prompt = getattr(obs, "prompt_len", None)
     gen = getattr(obs, "generation_len", None)
-    length_share = _f(getattr(obs, "finished_length_share", None))
+    length_share = finite_float(getattr(obs, "finished_length_share", None))
     lifetime = False
     samples = int(getattr(obs, "samples", 0) or 0)
-    covered = _f(getattr(obs, "duration_s", 0.0)) or 0.0
+    covered = finite_float(getattr(obs, "duration_s", 0.0)) or 0.0
     win = float(getattr(window, "duration", window_s) if window is not None else window_s)
     if samples < MIN_SAMPLES or covered < MIN_COVER * win:
         # the window cannot judge yet (one scrape, a new target, a reset): the request shapes the
@@ -200,28 +191,28 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         target=ident.target, model_name=ident.model_name, era=latest.engine_era,
         vllm_version=read_version(metadata.vllm_version if metadata else None),
         window_s=float(getattr(window, "duration", window_s) if window is not None else window_s),
-        covered_s=_f(getattr(obs, "duration_s", 0.0)) or 0.0, samples=int(getattr(obs, "samples", 0) or 0),
+        covered_s=finite_float(getattr(obs, "duration_s", 0.0)) or 0.0, samples=int(getattr(obs, "samples", 0) or 0),
         reset=bool(getattr(obs, "reset", False)),
-        arrival_rps=_f(getattr(obs, "requests_per_s", None)),
-        prompt_tps=_f(getattr(obs, "prompt_tokens_per_s", None)),
-        generation_tps=_f(getattr(obs, "generation_tokens_per_s", None)),
-        preemptions_ps=_f(getattr(obs, "preemptions_per_s", None)),
-        steps_ps=_f(getattr(obs, "engine_steps_per_s", None)),
+        arrival_rps=finite_float(getattr(obs, "requests_per_s", None)),
+        prompt_tps=finite_float(getattr(obs, "prompt_tokens_per_s", None)),
+        generation_tps=finite_float(getattr(obs, "generation_tokens_per_s", None)),
+        preemptions_ps=finite_float(getattr(obs, "preemptions_per_s", None)),
+        steps_ps=finite_float(getattr(obs, "engine_steps_per_s", None)),
         prompt_mean=_q(prompt, "mean"), prompt_p50=_q(prompt, "p50"), prompt_p99=_q(prompt, "p99"),
-        prompt_p25=_f(prompt_hist.quantile(0.25)) if prompt_hist is not None else None,
+        prompt_p25=finite_float(prompt_hist.quantile(0.25)) if prompt_hist is not None else None,
         output_mean=_q(gen, "mean"), output_p99=out_p99,
         length_share=length_share,
         context_length_share=context_share(length_share, mml, _q(prompt, "mean"), _q(prompt, "p99"),
                                            gen_hist, maxtok_hist),
         max_tokens_mean=maxtok_hist.mean() if maxtok_hist is not None and maxtok_hist.count else None,
         max_tokens_top=maxtok_top, coarse=tuple(coarse), lifetime_shapes=lifetime,
-        prefix_hit_ratio=_f(getattr(obs, "prefix_cache_hit_ratio", None)),
-        spec_acceptance=_f(getattr(obs, "spec_decode_acceptance_rate", None)),
+        prefix_hit_ratio=finite_float(getattr(obs, "prefix_cache_hit_ratio", None)),
+        spec_acceptance=finite_float(getattr(obs, "spec_decode_acceptance_rate", None)),
         spec_mean_accepted=None if mean_len is None else mean_len - 1.0,
         spec_k=spec_k, iteration_tokens_max=_top_populated(steps_hist),
-        kv_usage_mean=_f(getattr(obs, "kv_usage_mean", None)), kv_usage_max=_f(getattr(obs, "kv_usage_max", None)),
-        running_mean=_f(getattr(obs, "running_mean", None)), running_max=_f(getattr(obs, "running_max", None)),
-        waiting_mean=_f(getattr(obs, "waiting_mean", None)), waiting_max=_f(getattr(obs, "waiting_max", None)),
+        kv_usage_mean=finite_float(getattr(obs, "kv_usage_mean", None)), kv_usage_max=finite_float(getattr(obs, "kv_usage_max", None)),
+        running_mean=finite_float(getattr(obs, "running_mean", None)), running_max=finite_float(getattr(obs, "running_max", None)),
+        waiting_mean=finite_float(getattr(obs, "waiting_mean", None)), waiting_max=finite_float(getattr(obs, "waiting_max", None)),
         ttft_p50=_q(ttft, "p50"), ttft_p99=_q(ttft, "p99"), tpot_p50=_q(tpot, "p50"), tpot_p99=_q(tpot, "p99"),
         queue_p99=_q(queue, "p99"), e2e_mean=_q(getattr(obs, "e2e", None), "mean"),
         itl_mean=_q(getattr(obs, "itl", None) or tpot, "mean"),
@@ -232,7 +223,7 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         gpu=ident.gpu, tp=ident.tp, pp=ident.pp, model=ident.resolved.model_id,
         missing_hints=ident.resolved.missing, backend=backend.kind, backend_evidence=backend.evidence,
         observation_only=backend.observation_only,
-        max_running_seen=_f(getattr(obs, "max_running_seen", None)),
+        max_running_seen=finite_float(getattr(obs, "max_running_seen", None)),
         max_num_seqs=ident.max_num_seqs, max_num_batched_tokens=ident.max_num_batched_tokens,
         slo_ttft_s=slo.ttft_p99 if slo else None, slo_tpot_s=slo.tpot_p99 if slo else None,
         families=frozenset(set(latest.gauges) | set(latest.counters) | set(latest.histograms)),

@@ -6,10 +6,11 @@ so one label means one thing everywhere. A label that is absent, "None" or unrea
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
+
+from exporter.parse.numbers import finite_float
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,25 +46,15 @@ def _read(items: tuple[tuple[str, str], ...]) -> CacheConfig:
     return CacheConfig(
         num_gpu_blocks=_int(cfg.get("num_gpu_blocks")), block_size=_int(cfg.get("block_size")),
         kv_cache_size_tokens=_int(cfg.get("kv_cache_size_tokens")),
-        gpu_memory_utilization=_float(cfg.get("gpu_memory_utilization")),
+        gpu_memory_utilization=finite_float(cfg.get("gpu_memory_utilization")),
         enable_prefix_caching=_bool(cfg.get("enable_prefix_caching")), cache_dtype=_str(cfg.get("cache_dtype")),
-        max_model_len=_int(cfg.get("max_model_len")), kv_cache_memory_bytes=_float(cfg.get("kv_cache_memory_bytes")),
-        kv_cache_max_concurrency=_float(cfg.get("kv_cache_max_concurrency")),
+        max_model_len=_int(cfg.get("max_model_len")), kv_cache_memory_bytes=finite_float(cfg.get("kv_cache_memory_bytes")),
+        kv_cache_max_concurrency=finite_float(cfg.get("kv_cache_max_concurrency")),
         sliding_window=_int(cfg.get("sliding_window")))
 
 
-def _float(v: str | None) -> float | None:
-    if v is None:
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
 def _int(v: str | None) -> int | None:
-    x = _float(v)
+    x = finite_float(v)
     return None if x is None else int(x)
 
 
