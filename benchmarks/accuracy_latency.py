@@ -32,7 +32,8 @@ CSV = SHARED / "fixtures" / "throughput-observations.csv"
 # FP4-GEMM rows here (gpt-oss MXFP4 runs dequantised on Hopper) and stays at its prior
 PARAMS = {"bw_eff": 1.0, "flops_eff_bf16": 1.0, "flops_eff_fp8": 1.0, "step_overhead_s": 1e-3,
           "layer_sync_s": 1e-6, "per_token_s": 1e-6, "per_seq_s": 1e-6, "moe_bw_eff": 1.0,
-          "ttft_steps": 1.0, "moe_flops_eff": 1.0, "queue_factor": 0.01, "ttft_prefill_factor": 1.0}
+          "ttft_steps": 1.0, "moe_flops_eff": 1.0, "queue_factor": 0.01, "ttft_prefill_factor": 1.0,
+          "attn_bw_eff": 1.0}
 
 
 def load_rows(path: Path = CSV) -> list[dict]:
@@ -102,8 +103,10 @@ def _objective(rows: list[dict], base: perf.Calibration, names: list[str]):
             return 1e9
         cal = replace(base, **{n: v * PARAMS[n] for n, v in zip(names, x)})
         if any(getattr(cal, n) > 1.0 for n in ("bw_eff", "flops_eff_bf16", "flops_eff_fp8", "moe_flops_eff",
-                                                  "moe_bw_eff")):
+                                                  "moe_bw_eff", "attn_bw_eff")):
             return 1e9  # efficiencies are shares of a datasheet peak
+        if cal.bw_eff > BW_EFF_MAX:
+            return 1e9  # no kernel streams HBM at its datasheet rate (see BW_EFF_MAX)
         total = 0.0
         for r in rows:
             o = predict_row(r, cal)
@@ -145,11 +148,17 @@ def nelder_mead(f, x0: list[float], iters: int = 400, step: float = 0.1) -> list
     return simplex[i]
 
 
+# Highest share of datasheet HBM bandwidth a weight-streaming GEMV reaches: STREAM-type copy
+# kernels measure ~90-93 % of 3.35 TB/s on H100 SXM (HBM3) and of 4.8 TB/s on H200 (NVIDIA's
+# nvbandwidth / BabelStream reports); a fit beyond it is absorbing another term's error.
+BW_EFF_MAX = 0.93
+
 # Neutral starting point of a cross-validation fit: round physical guesses, not the shipped fit
 # (which saw every row), so a fold's held-out rows cannot leak in through the start.
 PRIOR = {"bw_eff": 0.8, "flops_eff_bf16": 0.5, "flops_eff_fp8": 0.5, "step_overhead_s": 1e-3,
          "layer_sync_s": 20e-6, "per_token_s": 5e-6, "per_seq_s": 1e-6, "moe_bw_eff": 0.9,
-         "ttft_steps": 3.0, "moe_flops_eff": 0.8, "queue_factor": 0.03, "ttft_prefill_factor": 1.0}
+         "ttft_steps": 3.0, "moe_flops_eff": 0.8, "queue_factor": 0.03, "ttft_prefill_factor": 1.0,
+         "attn_bw_eff": 0.8}
 
 
 def identifiable(rows: list[dict]) -> list[str]:
@@ -172,8 +181,8 @@ def identifiable(rows: list[dict]) -> list[str]:
 def fit(rows: list[dict], base: perf.Calibration, iters: int) -> perf.Calibration:
     train = [r for r in rows if int(r["concurrency"]) <= 256]
     names = identifiable(train)
-    x0 = [max(getattr(base, n) / PARAMS[n], 0.5) if n not in ("bw_eff", "moe_bw_eff") else
-          min(getattr(base, n), 0.95) / PARAMS[n] for n in names]
+    x0 = [max(getattr(base, n) / PARAMS[n], 0.5) if n not in ("bw_eff", "moe_bw_eff", "attn_bw_eff") else
+          min(getattr(base, n), 0.9) / PARAMS[n] for n in names]
     x = nelder_mead(_objective(train, base, names), x0, iters=iters)
     return replace(base, **{n: v * PARAMS[n] for n, v in zip(names, x)})
 

@@ -549,6 +549,19 @@ def rule_kv_cache_dtype(x: DriftInput) -> list[Finding]:
                      recommended="fp8", binding="kv_cache", severity=sev)]
 
 
+OFF_CATALOG = 3.0   # calibrated / a-priori TPOT beyond which the catalog row does not describe the device
+
+
+def off_catalog(x: DriftInput) -> bool:
+    """The server steps at least OFF_CATALOG x slower than its catalog row predicts at this load
+    (a CPU or emulated device described as a GPU, a throttled or shared GPU): which of the
+    model's terms that slowness belongs to is not identifiable from one operating point, so the
+    throughput the model extrapolates to other loads is not evidence of headroom."""
+    p = x.prediction
+    predicted = p.prior_tpot_s or p.tpot_s
+    return bool(predicted and x.itl_mean and x.itl_mean >= OFF_CATALOG * predicted)
+
+
 def idle_ratio(x: DriftInput) -> tuple[float | None, str]:
     """1 - the utilisation of the most used resource: KV (mean usage over the usable share),
     batch slots (concurrency over a known max_num_seqs: hinted, inferred, or vLLM's default for
@@ -565,10 +578,12 @@ def idle_ratio(x: DriftInput) -> tuple[float | None, str]:
         uses.append((conc / seqs, "max_num_seqs"))
     if x.prediction.current_max_rps and x.arrival_rps is not None:
         uses.append((x.arrival_rps / x.prediction.current_max_rps, "throughput"))
-    elif x.busy_fraction is not None and x.observation_only:
+    if x.busy_fraction is not None and (x.observation_only or off_catalog(x)):
         # on a CPU (or other non-GPU) backend a step's cost grows with the batch: time busy is
         # capacity used. On a GPU a small batch steps as long as a large one, so busy time says
-        # nothing about headroom there (the finding is then only `info`, below).
+        # nothing about headroom there (the finding is then only `info`, below) -- unless the
+        # device runs far off its catalog row: then the throughput extrapolated from one
+        # calibrated operating point is not to be trusted over the engine's own busy time.
         uses.append((x.busy_fraction, "engine_time"))
     if x.waiting_mean and x.waiting_mean >= QUEUE_MIN:
         uses.append((1.0, "queue"))

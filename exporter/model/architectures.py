@@ -99,6 +99,7 @@ class ModelArch:
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
     quantization: str | None = None
+    kv_cache_quant: str | None = None       # the checkpoint's KV-cache scheme ("fp8"), if it names one
     # exact tensor bytes from the checkpoint's safetensors headers, when the resolver found them
     weights: WeightInfo | None = None
     source: str = field(default="", compare=False)
@@ -327,6 +328,26 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
     return None, f"quantization method {method!r} not modelled; weights counted at the model dtype"
 
 
+def kv_quant_from_config(cfg: Mapping[str, Any]) -> str | None:
+    """The KV-cache scheme a quantized checkpoint ships: ModelOpt's `kv_cache_quant_algo`
+    (hf_quant_config.json, mirrored in config.json's `quantization_config`) or compressed-tensors'
+    `kv_cache_scheme` (8-bit float). vLLM >= 0.13 stores the KV cache in that format under
+    `--kv-cache-dtype auto` (vllm PR #29980, `resolve_kv_cache_dtype_string` in
+    vllm/utils/torch_utils.py). None when the checkpoint names none."""
+    qc = cfg.get("quantization_config") or cfg.get("compression_config")
+    if not isinstance(qc, Mapping):
+        return None
+    inner = qc.get("quantization") if isinstance(qc.get("quantization"), Mapping) else {}
+    algo = qc.get("kv_cache_quant_algo") or inner.get("kv_cache_quant_algo")
+    if isinstance(algo, str) and "FP8" in algo.upper():
+        return "fp8"
+    scheme = qc.get("kv_cache_scheme")
+    if isinstance(scheme, Mapping) and int(scheme.get("num_bits") or 0) == 8 \
+            and str(scheme.get("type") or "float") == "float":
+        return "fp8"
+    return None
+
+
 def _quant_from_config(cfg: Mapping[str, Any]) -> str | None:
     return quant_from_config(cfg)[0]
 
@@ -450,6 +471,9 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         if extra_params:
             notes.append(f"vision tower + projector ~{extra_params / 1e6:.0f}M parameters estimated "
                          "from vision_config (exact when the safetensors headers are read)")
+    kv_quant = kv_quant_from_config(outer) or kv_quant_from_config(cfg)
+    if kv_quant:
+        notes.append(f"checkpoint KV-cache scheme: {kv_quant}")
     if quantization is None:
         quantization, qnote = quant_from_config(outer)
         if not qnote:
@@ -489,7 +513,7 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,
         quantization=normalize_quantization(quantization) if quantization else None,
-        source=where, notes=tuple(notes),
+        kv_cache_quant=kv_quant, source=where, notes=tuple(notes),
     )
 
 

@@ -58,6 +58,10 @@ FACTORS: tuple[Factor, ...] = (
     Factor("per_token", ("per_token_s",), 0.8, 0.0, 2e-3),
     Factor("ttft_steps", ("ttft_steps",), 0.6, 0.0, 200.0),
     Factor("prefill_queue", ("queue_factor",), 0.8, 0.0, 5.0),
+    Factor("ttft_prefill", ("ttft_prefill_factor",), 0.8, 0.1, 10.0),
+    # KV pool actually held, relative to the prediction (fitted offline from rows whose queueing
+    # shows it: an FP8 KV scheme doubles it); the daemon reads the pool from the server
+    Factor("kv_capacity", ("kv_capacity_scale",), 0.7, 0.25, 4.0),
 )
 FACTOR_NAMES = tuple(f.name for f in FACTORS)
 # Online, the TTFT terms are not identifiable from one operating point and would soak up noise:

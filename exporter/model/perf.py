@@ -53,6 +53,12 @@ class Calibration:
     ref_bw_tbps   HBM bandwidth the class's `per_token_s` was measured at: the per-token GPU work
                   (norms, rotary, activation, sampler prep) is bandwidth-bound, so another GPU's
                   per-token cost scales with ref_bw / its bandwidth, and with 1/TP
+    attn_bw_eff   share of `bw_eff` paged decode attention reaches reading the KV cache (its own
+                  kernel, after the GEMMs: short per-request contexts in 16-token blocks)
+    kv_capacity_scale  KV tokens the server really holds relative to the predicted pool: 1 a
+                  priori; measured rows whose queueing shows another capacity (an FP8 KV scheme
+                  the checkpoint carried, another memory setting) fit it (`calc --calibrate`);
+                  the daemon reads the real pool from the server instead
 
     The step-time factors (what an online calibration fits, issue 15) are STEP_FACTORS; the
     TTFT/queueing factors are TTFT_FACTORS.
@@ -75,6 +81,8 @@ class Calibration:
     per_seq_s: float = 0.0
     moe_bw_eff: float = 1.0
     ref_bw_tbps: float = 3.35
+    attn_bw_eff: float = 1.0
+    kv_capacity_scale: float = 1.0
 
 
 # the free factors of the step-time model, few and physical (fitted per GPU class offline by
@@ -98,17 +106,18 @@ _FIT_SOURCE = ("Nelder-Mead fit of the objective in benchmarks/accuracy_latency.
 # Hopper is the only class with measured rows; the others start from the Hopper factors (the
 # physics — bandwidth, peak FLOPs, link — differs per GPU through the catalog) and say so.
 CALIBRATIONS: dict[str, Calibration] = {
-    # refitted 2026-11-25 on 258 rows (H100-SXM: Qwen3-32B bf16/fp8, Llama-3.1-70B fp8,
-    # gpt-oss-120b mxfp4; H200-SXM: Llama-3.1-70B fp8; c <= 256) with the per-token cost split
-    # over TP, a per-request host cost and token-based admission. Cross-validated figures:
+    # refitted 2026-11-25 (second time) on 258 rows (H100-SXM: Qwen3-32B bf16/fp8, Llama-3.1-70B
+    # fp8, gpt-oss-120b mxfp4; H200-SXM: Llama-3.1-70B fp8; c <= 256) with the per-token cost
+    # split over TP, a per-request host cost, token-based admission, and attention as its own
+    # roofline after the GEMMs (attn_bw_eff); bw_eff bounded by BW_EFF_MAX (0.93). Cross-validated figures:
     # `python benchmarks/accuracy_latency.py --cv`. FP4 GEMMs have no Hopper rows: the FP8
     # factor stands in for them.
-    "hopper": Calibration("hopper", bw_eff=0.913, flops_eff_bf16=0.532, flops_eff_fp8=0.701,
-                          flops_eff_fp4=0.701, step_overhead_s=1.056e-3, layer_sync_s=30.6e-6,
-                          per_token_s=8.98e-6, ttft_steps=3.82, ttft_fixed_s=0.0,
-                          moe_flops_eff=0.518, queue_factor=0.0447, ttft_prefill_factor=1.22,
-                          source=_FIT_SOURCE, per_seq_s=0.63e-6, moe_bw_eff=1.0,
-                          ref_bw_tbps=3.35),
+    "hopper": Calibration("hopper", bw_eff=0.930, flops_eff_bf16=0.563, flops_eff_fp8=0.796,
+                          flops_eff_fp4=0.796, step_overhead_s=1.120e-3, layer_sync_s=28.9e-6,
+                          per_token_s=4.52e-6, ttft_steps=3.96, ttft_fixed_s=0.0,
+                          moe_flops_eff=0.483, queue_factor=0.0377, ttft_prefill_factor=1.45,
+                          source=_FIT_SOURCE, per_seq_s=0.81e-6, moe_bw_eff=1.0,
+                          ref_bw_tbps=3.35, attn_bw_eff=0.653),
     # Blackwell (B200/B300/GB200, RTX PRO 6000): no measured rows here, so not Hopper's numbers
     # stretched but each factor carried over by what it physically is:
     # - host costs (step_overhead_s, per_seq_s) and the all-reduce latency (layer_sync_s,
@@ -119,12 +128,12 @@ CALIBRATIONS: dict[str, Calibration] = {
     #   than Hopper's because the same serving batch fills a 2.25x larger tensor-core array
     #   less (prior: Hopper's x 0.8 [unverified, to be fitted online, issue 15]); HBM3e
     #   bandwidth share as Hopper's HBM3 [unverified]; FP4 GEMMs (tcgen05) as FP8.
-    "blackwell": Calibration("blackwell", bw_eff=0.913, flops_eff_bf16=0.43, flops_eff_fp8=0.56,
-                             flops_eff_fp4=0.56, step_overhead_s=1.056e-3, layer_sync_s=30.6e-6,
-                             per_token_s=8.98e-6, ttft_steps=3.82, ttft_fixed_s=0.0,
-                             moe_flops_eff=0.518, queue_factor=0.0447, ttft_prefill_factor=1.22,
+    "blackwell": Calibration("blackwell", bw_eff=0.930, flops_eff_bf16=0.45, flops_eff_fp8=0.64,
+                             flops_eff_fp4=0.64, step_overhead_s=1.120e-3, layer_sync_s=28.9e-6,
+                             per_token_s=4.52e-6, ttft_steps=3.96, ttft_fixed_s=0.0,
+                             moe_flops_eff=0.483, queue_factor=0.0377, ttft_prefill_factor=1.45,
                              source="prior: Hopper fit carried over factor by factor (no Blackwell rows)",
-                             per_seq_s=0.63e-6, moe_bw_eff=1.0, ref_bw_tbps=3.35),
+                             per_seq_s=0.81e-6, moe_bw_eff=1.0, ref_bw_tbps=3.35, attn_bw_eff=0.653),
 }
 _UNFITTED_NOTE = "no measured rows for this class: Hopper factors applied to its own datasheet"
 
@@ -227,25 +236,29 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     if shape.state_bytes_per_seq:
         kv += 2.0 * b * shape.state_bytes_per_seq
     bw = cal.bw_eff * shape.bw_bytes_per_s
-    t_mem = (w + kv) / bw
+    # GEMMs (dense weights, routed experts) and attention are separate kernels of the step, each
+    # bound by its own roofline, one after the other: the KV read does not hide under the GEMMs'
+    # compute (a prefill-heavy mixed step pays both)
+    t_w = w / bw
     if w_exp:
-        t_mem += w_exp / (bw * cal.moe_bw_eff * shape.expert_kernel_eff)
-    # compute: GEMMs over all tokens + attention (decode: each query token over its context;
-    # prefill: causal over the chunk plus the already-computed prefix)
-    flops = shape.flops_per_token * tokens
-    flops += tokens_per_seq * (decode_context_tokens * shape.attn_flops_per_ctx_token
-                               + b * min(ctx_per_seq, shape.swa_window)
-                               * shape.swa_attn_flops_per_ctx_token)
+        t_w += w_exp / (bw * cal.moe_bw_eff * shape.expert_kernel_eff)
+    eff_peak = _flops_eff(cal, shape) * shape.peak_flops
+    t_gemm = max(t_w, shape.flops_per_token * tokens / eff_peak)
+    # attention: decode queries each over their context; prefill causal over the chunk plus the
+    # already-computed prefix
+    attn_flops = tokens_per_seq * (decode_context_tokens * shape.attn_flops_per_ctx_token
+                                   + b * min(ctx_per_seq, shape.swa_window)
+                                   * shape.swa_attn_flops_per_ctx_token)
     if prefill_tokens:
         span = prefill_context_tokens + prefill_tokens / 2.0
-        flops += prefill_tokens * (span * shape.attn_flops_per_ctx_token
-                                   + min(span, shape.swa_window) * shape.swa_attn_flops_per_ctx_token)
-    t_cmp = flops / (_flops_eff(cal, shape) * shape.peak_flops)
+        attn_flops += prefill_tokens * (span * shape.attn_flops_per_ctx_token
+                                        + min(span, shape.swa_window) * shape.swa_attn_flops_per_ctx_token)
+    t_attn = max(kv / (bw * cal.attn_bw_eff), attn_flops / eff_peak) if (kv or attn_flops) else 0.0
     # host: a fixed cost plus one per request in the batch; GPU small kernels: per token, on
     # this rank's slice (split over TP), at this GPU's bandwidth relative to the class reference
     seqs = b + (1.0 if prefill_tokens else 0.0)
     per_token = cal.per_token_s * (cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s) / shape.tp
-    t = (max(t_mem, t_cmp) + cal.step_overhead_s + cal.per_seq_s * seqs + per_token * tokens)
+    t = (t_gemm + t_attn + cal.step_overhead_s + cal.per_seq_s * seqs + per_token * tokens)
     if shape.tp > 1:
         per_ar = cal.layer_sync_s * shape.allreduce_hops + (2.0 * (shape.tp - 1) / shape.tp * tokens
                                      * shape.allreduce_bytes_per_token / shape.link_bytes_per_s)
@@ -620,7 +633,7 @@ def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
     per_step, per_seq = 1.0, 1.0
     if spec is not None and getattr(spec, "num_tokens", 0) > 0:
         per_step, per_seq = spec.expected_tokens, 1.0 + spec.num_tokens
-    kv_tokens = kv_tokens_for(setup)
+    kv_tokens = kv_tokens_for(setup) * cal.kv_capacity_scale
     op = steady_state(shape, cal, prompt=traffic.prompt_tokens_mean, output=traffic.output_tokens_mean,
                       hit=traffic.prefix_hit_ratio, max_batched_tokens=setup.max_num_batched_tokens,
                       max_seqs=setup.max_num_seqs, kv_tokens=kv_tokens, block_size=setup.block_size,

@@ -145,6 +145,21 @@ def test_idle_capacity_monotonic():
     assert loud(rule_idle_capacity(HEALTHY)) == []
 
 
+def test_a_device_far_slower_than_its_catalog_row_is_judged_by_its_busy_time():
+    """Batch slots and KV nearly empty, and the throughput model (extrapolated from the catalog
+    row) says 95 % of the capacity is unused: but every step takes 7x what the row predicts and
+    the engine steps back to back. Busy time then counts as used capacity: not idle. The same
+    server stepping as its catalog row predicts is idle."""
+    base = replace(HEALTHY, kv_usage_mean=0.02, running_mean=8.0, running_max=8, arrival_rps=0.8,
+                   steps_ps=15.0, prediction=Prediction(current_max_rps=17.5, prior_tpot_s=0.008,
+                                                        tpot_s=0.008, current_cost_per_hour=0.8))
+    slow = replace(base, itl_mean=0.059)            # 7x the predicted step, busy 89 % of the time
+    assert loud(rule_idle_capacity(slow)) == []
+    on_row = replace(base, itl_mean=0.009, steps_ps=15.0)   # busy 14 %: really idle
+    [f] = rule_idle_capacity(on_row)
+    assert f.severity in ("warning", "critical") and "throughput" in f.explanation
+
+
 def test_tier_misplacement_needs_hints_and_prices_the_waste():
     [u] = rule_tier_misplacement(HEALTHY)
     assert u.finding == "unavailable" and "targets[].gpu" in u.explanation

@@ -39,8 +39,23 @@ def test_kv_reads_add_bytes_over_bandwidth():
     cal = perf.calibration_for(s.gpu.name)
     t0 = perf.step_time_s(s, decode_seqs=8, decode_context_tokens=8, prefill_tokens=0)
     t1 = perf.step_time_s(s, decode_seqs=8, decode_context_tokens=8 + 100_000, prefill_tokens=0)
-    # 100k context tokens x 131072 B (2 x 32 layers x 8 heads x 128 x 2 B)
-    assert t1 - t0 == pytest.approx(100_000 * 131072 / (3.35e12 * cal.bw_eff), rel=0.01)
+    # 100k context tokens x 131072 B (2 x 32 layers x 8 heads x 128 x 2 B), read by the attention
+    # kernel at its own share of the bandwidth, after the GEMMs (not hidden under them)
+    assert t1 - t0 == pytest.approx(100_000 * 131072 / (3.35e12 * cal.bw_eff * cal.attn_bw_eff), rel=0.01)
+
+
+def test_attention_time_adds_to_the_gemms_in_a_mixed_step():
+    """A prefill-heavy step is compute-bound in its GEMMs; the decode requests' KV read is the
+    attention kernel's work and adds its time instead of hiding under the GEMMs' FLOPs (the
+    prefill's own attention FLOPs share that kernel: only they can hide part of the read)."""
+    s = _setup()
+    cal = perf.calibration_for(s.gpu.name)
+    base = perf.step_time_s(s, decode_seqs=8, decode_context_tokens=8, prefill_tokens=2048)
+    more = perf.step_time_s(s, decode_seqs=8, decode_context_tokens=8 + 200_000, prefill_tokens=2048)
+    kv_read = 200_000 * 131072 / (3.35e12 * cal.bw_eff * cal.attn_bw_eff)
+    prefill_attn = 2048 * 1024 * 4 * 32 * 128 * 32 / (989e12 * cal.flops_eff_bf16)
+    assert base > kv_read                      # the GEMMs alone would have hidden the read
+    assert more - base == pytest.approx(kv_read - prefill_attn, rel=0.03)
 
 
 def test_prefill_is_compute_bound_and_scales_with_tokens():
