@@ -12,7 +12,8 @@ Goals (issue 20) at 10,000 targets every 15 s: <= 60 % of one core, <= 1 GiB RSS
 <= 100 ms and worst <= 250 ms while evaluations run; CPU per target per cycle <= 0.2 x the stock
 parser's time for the same body. `--source capture` serves a real vLLM capture from
 ../shared/checks/loopback_targets.py instead of the simulator (whose fleet mode cannot answer
-10,000 targets every 15 s on a small machine); /metrics is probed every 0.5 s as a Prometheus would.
+10,000 targets every 15 s on a small machine; above 4,000 targets it runs one serving process per
+4,000); /metrics is probed every 0.5 s as a Prometheus does (Accept-Encoding: gzip).
 
 With `--mode query` a real Prometheus (the `prometheus` binary) scrapes the fleet every
 `--interval` and the daemon reads it through the query API instead (`prometheus:` config); the
@@ -26,6 +27,7 @@ Prints one line per size and the goal figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import shutil
 import signal
@@ -68,11 +70,16 @@ def metric(text: str, name: str) -> float | None:
     return None
 
 
-def get(url: str, timeout: float = 30.0) -> tuple[float, bytes]:
+def get(url: str, timeout: float = 30.0, gzip_ok: bool = False) -> tuple[float, bytes]:
+    """(seconds to the last byte, body). `gzip_ok`: ask as Prometheus does (Accept-Encoding:
+    gzip) and time the compressed transfer; the body returned is decompressed."""
+    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gzip_ok else {})
     t = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()
-    return time.perf_counter() - t, body
+        encoded = r.headers.get("Content-Encoding") == "gzip"
+    dt = time.perf_counter() - t
+    return dt, (gzip.decompress(body) if encoded else body)
 
 
 def stock_parse_seconds(payload: str, repeat: int = 20) -> float:
@@ -128,30 +135,39 @@ def start_prometheus(urls: list[str], interval: float) -> tuple[subprocess.Popen
 
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
+PER_PROCESS = 4000   # loopback targets per serving process (--source capture)
 CAPTURE = SHARED / "fixtures" / "prom" / "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"
 
 
 def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
+    sims: list[subprocess.Popen] = []
     if args.source == "capture":
         tool = SHARED / "checks" / "loopback_targets.py"
         if not tool.exists() or not CAPTURE.exists():
             raise RuntimeError(f"--source capture needs {tool} and {CAPTURE}")
-        sim = subprocess.Popen([sys.executable, str(tool), "--base-port", "0", "--count", str(n), "--file",
-                                str(CAPTURE), "--seconds", str(int(args.warmup + args.steady + 600))],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        # one serving process per PER_PROCESS targets: each holds a listening socket and a kept-alive
+        # connection per target, and a process may hold 20,000 descriptors here
+        for i in range(0, n, PER_PROCESS):
+            sims.append(subprocess.Popen(
+                [sys.executable, str(tool), "--base-port", "0", "--count", str(min(PER_PROCESS, n - i)), "--file",
+                 str(CAPTURE), "--seconds", str(int(args.warmup + args.steady + 600))],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True))
     else:
-        sim = subprocess.Popen(exe + ["simulate", "--fleet", str(n), "--port", "0", "--seed", "7"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        sims.append(subprocess.Popen(exe + ["simulate", "--fleet", str(n), "--port", "0", "--seed", "7"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     start_new_session=True))
     daemon = prom = None
     cfg_path = prom_dir = None
     try:
         urls = []
         deadline = time.time() + 120 + n / 50
-        while len(urls) < n and time.time() < deadline:
-            line = sim.stdout.readline()
-            if not line:
-                break
-            urls.append(line.strip())
+        for sim in sims:
+            want = len(urls) + (min(PER_PROCESS, n - len(urls)) if args.source == "capture" else n)
+            while len(urls) < want and time.time() < deadline:
+                line = sim.stdout.readline()
+                if not line:
+                    break
+                urls.append(line.strip())
         if len(urls) != n:
             raise RuntimeError(f"simulator fleet of {n} did not start ({len(urls)} URLs)")
         payload = get(urls[0] + "/metrics")[1].decode()
@@ -196,7 +212,7 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
         latencies, peak_rss = [], rss_mib(daemon.pid)
         end = t0 + args.steady
         while time.time() < end:
-            dt, body = get(base + "/metrics")
+            dt, body = get(base + "/metrics", gzip_ok=True)
             latencies.append(dt)
             peak_rss = max(peak_rss, rss_mib(daemon.pid))
             time.sleep(min(0.5, max(0.0, end - time.time())))
@@ -224,7 +240,8 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
     finally:
         stop(daemon)
         stop(prom)
-        stop(sim)
+        for sim in sims:
+            stop(sim)
         if prom_dir:
             shutil.rmtree(prom_dir, ignore_errors=True)
         if cfg_path:
