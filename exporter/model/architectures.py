@@ -99,6 +99,10 @@ class ModelArch:
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
     quantization: str | None = None
+    # generation_config.json sets top_k/top_p: vLLM applies these defaults to requests that do not
+    # set their own (`--generation-config auto`), and its top-k/top-p sampler then sorts the whole
+    # vocabulary of every request each step (v1/sample/ops/topk_topp_sampler.py)
+    sampling_sorts: bool = False
     # exact tensor bytes from the checkpoint's safetensors headers, when the resolver found them
     weights: WeightInfo | None = None
     source: str = field(default="", compare=False)
@@ -366,7 +370,8 @@ def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[
 
 
 def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
-                     extra_params: int = 0, quantization: str | None = None) -> ModelArch:
+                     extra_params: int = 0, quantization: str | None = None,
+                     generation: Mapping[str, Any] | None = None) -> ModelArch:
     """Build a ModelArch from a parsed HF config.json (nested text_config supported)."""
     if not isinstance(config, Mapping):
         raise CatalogError(f"{where}: config.json is not a JSON object")
@@ -489,8 +494,19 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,
         quantization=normalize_quantization(quantization) if quantization else None,
+        sampling_sorts=_sampling_sorts(generation),
         source=where, notes=tuple(notes),
     )
+
+
+def _sampling_sorts(generation: Mapping[str, Any] | None) -> bool:
+    """Whether a generation_config.json's defaults make vLLM's sampler truncate (top_k > 0 or
+    top_p < 1), i.e. sort every request's logits over the vocabulary each step."""
+    if not generation:
+        return False
+    top_k = generation.get("top_k")
+    top_p = generation.get("top_p")
+    return bool((top_k is not None and int(top_k) > 0) or (top_p is not None and float(top_p) < 1.0))
 
 
 def load_hf_config(path: str | Path) -> ModelArch:
@@ -552,7 +568,8 @@ def _catalog_arch(model_id: str) -> ModelArch:
     e = entries[model_id]
     return arch_from_config(e["config"], name=model_id, where=e.get("source", model_id),
                             extra_params=int(e.get("extra_params") or 0),
-                            quantization=e.get("quantization"))
+                            quantization=e.get("quantization"),
+                            generation=e.get("generation_config"))
 
 
 def catalog_ids() -> list[str]:
