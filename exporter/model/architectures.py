@@ -103,6 +103,10 @@ class ModelArch:
     # set their own (`--generation-config auto`), and its top-k/top-p sampler then sorts the whole
     # vocabulary of every request each step (v1/sample/ops/topk_topp_sampler.py)
     sampling_sorts: bool = False
+    # KV cache format the checkpoint asks for (ModelOpt `kv_cache_quant_algo`, compressed-tensors
+    # `kv_cache_scheme`): vLLM resolves --kv-cache-dtype auto to it
+    # (vllm/utils/torch_utils.py resolve_kv_cache_dtype_string); None: the model dtype
+    kv_cache_quant: str | None = None
     # exact tensor bytes from the checkpoint's safetensors headers, when the resolver found them
     weights: WeightInfo | None = None
     source: str = field(default="", compare=False)
@@ -331,6 +335,26 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
     return None, f"quantization method {method!r} not modelled; weights counted at the model dtype"
 
 
+def kv_quant_from_config(cfg: Mapping[str, Any]) -> str | None:
+    """"fp8" when a pre-quantized checkpoint stores its KV cache in FP8: ModelOpt's
+    `kv_cache_quant_algo` ("FP8"), compressed-tensors' `kv_cache_scheme` (8-bit float). vLLM
+    resolves `--kv-cache-dtype auto` to it (`resolve_kv_cache_dtype_string`,
+    `get_kv_cache_quant_algo_string` in vllm/utils/torch_utils.py). A checkpoint without
+    either (RedHatAI fp8-dynamic, Qwen's block-FP8, runtime `--quantization fp8`) keeps the
+    model dtype."""
+    qc = cfg.get("quantization_config") or cfg.get("compression_config")
+    if not isinstance(qc, Mapping):
+        return None
+    algo = qc.get("kv_cache_quant_algo") or (qc.get("quantization") or {}).get("kv_cache_quant_algo")
+    if isinstance(algo, str) and algo.upper().startswith("FP8"):
+        return "fp8"
+    scheme = qc.get("kv_cache_scheme")
+    if isinstance(scheme, Mapping) and int(scheme.get("num_bits") or 0) == 8 \
+            and str(scheme.get("type") or "").lower() == "float":
+        return "fp8"
+    return None
+
+
 def _quant_from_config(cfg: Mapping[str, Any]) -> str | None:
     return quant_from_config(cfg)[0]
 
@@ -495,6 +519,7 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         extra_params=int(extra_params), native_dtype=dtype,
         quantization=normalize_quantization(quantization) if quantization else None,
         sampling_sorts=_sampling_sorts(generation),
+        kv_cache_quant=kv_quant_from_config(outer) or kv_quant_from_config(cfg),
         source=where, notes=tuple(notes),
     )
 

@@ -133,6 +133,11 @@ class Setup:
         kv = _KV_DTYPES.get((kv_cache_dtype or "auto").lower())
         if kv is None:
             raise InputError(f"--kv-cache-dtype: unknown {kv_cache_dtype!r}; one of auto, fp8")
+        if kv == "auto" and arch.kv_cache_quant:
+            # the checkpoint asks for an FP8 KV cache and vLLM's "auto" follows it
+            # (vllm/utils/torch_utils.py resolve_kv_cache_dtype_string) [first release unverified;
+            # a runtime `--quantization fp8` on a 16-bit checkpoint keeps 16-bit KV]
+            kv = arch.kv_cache_quant
         if quantization and quantization.strip().lower() in ("compressed-tensors", "compressed_tensors"):
             quant = arch.quantization or "w8a8"  # the checkpoint's own scheme says which
         elif quantization and quantization.strip().lower().startswith("fp8"):
