@@ -147,6 +147,8 @@ class Measurement:
 # floors keep a huge count from claiming certainty the model's structure does not have.
 TPOT_NOISE, TPOT_FLOOR = 0.20, 0.02
 TTFT_NOISE, TTFT_FLOOR = 0.50, 0.06
+# a TTFT whose predicted queue wait for a KV slot is more than this share of it is noise x this
+QUEUE_DOMINATED, QUEUE_TTFT_NOISE = 0.5, 10.0
 
 
 def _residuals(m: Measurement, cal: Calibration) -> tuple[list[float], list[float]]:
@@ -159,7 +161,12 @@ def _residuals(m: Measurement, cal: Calibration) -> tuple[list[float], list[floa
         sig.append(max(TPOT_NOISE / math.sqrt(n), TPOT_FLOOR))
     if m.ttft_s and m.ttft_s > 0:
         res.append(_log(p.ttft_s) - math.log(m.ttft_s))
-        sig.append(max(TTFT_NOISE / math.sqrt(n), TTFT_FLOOR))
+        s_ttft = max(TTFT_NOISE / math.sqrt(n), TTFT_FLOOR)
+        if p.queue_wait_s and math.isfinite(p.queue_wait_s) and p.queue_wait_s > QUEUE_DOMINATED * p.ttft_s:
+            # most of this TTFT is waiting for a KV slot: it measures the pool (capacity, Little's
+            # law), which no calibrated factor describes, so it may not steer the TTFT factors
+            s_ttft *= QUEUE_TTFT_NOISE
+        sig.append(s_ttft)
     return res, sig
 
 
