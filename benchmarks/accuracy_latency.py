@@ -10,9 +10,11 @@ percentage error per model x GPU, per GPU and overall, and the worst rows.
   python benchmarks/accuracy_latency.py --holdout gpt-oss
   python benchmarks/accuracy_latency.py --cv            # leave-one-GPU / -family-out figures
 
-The fit is a plain Nelder-Mead (no numpy) minimising mean |log(pred/measured)| of TPOT plus half
-that of TTFT (capped per row), over rows with concurrency <= 256 (the c=512 rows are internally
-inconsistent: TPOT lower than at c=64). Fitted factors are per GPU class, never per model.
+The fit is a plain Nelder-Mead (no numpy) minimising the mean |pred/measured - 1| of TPOT plus half
+that of TTFT (capped per row), plus a weak prior on each factor's log (PRIOR, PRIOR_WEIGHT), over
+rows with concurrency <= 256 (the c=512 rows are internally inconsistent: TPOT lower than at
+c=64). A GEMM format with fewer than MIN_FORMAT_ROWS training rows takes the other format's
+efficiency. Fitted factors are per GPU class, never per model.
 """
 from __future__ import annotations
 
