@@ -99,7 +99,14 @@ class ModelArch:
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
     quantization: str | None = None
-    kv_cache_quant: str | None = None       # the checkpoint's KV-cache scheme ("fp8"), if it names one
+    # generation_config.json sets top_k/top_p: vLLM applies these defaults to requests that do not
+    # set their own (`--generation-config auto`), and its top-k/top-p sampler then sorts the whole
+    # vocabulary of every request each step (v1/sample/ops/topk_topp_sampler.py)
+    sampling_sorts: bool = False
+    # KV cache format the checkpoint asks for (ModelOpt `kv_cache_quant_algo`, compressed-tensors
+    # `kv_cache_scheme`): vLLM resolves --kv-cache-dtype auto to it
+    # (vllm/utils/torch_utils.py resolve_kv_cache_dtype_string); None: the model dtype
+    kv_cache_quant: str | None = None
     # exact tensor bytes from the checkpoint's safetensors headers, when the resolver found them
     weights: WeightInfo | None = None
     source: str = field(default="", compare=False)
@@ -329,21 +336,21 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
 
 
 def kv_quant_from_config(cfg: Mapping[str, Any]) -> str | None:
-    """The KV-cache scheme a quantized checkpoint ships: ModelOpt's `kv_cache_quant_algo`
-    (hf_quant_config.json, mirrored in config.json's `quantization_config`) or compressed-tensors'
-    `kv_cache_scheme` (8-bit float). vLLM >= 0.13 stores the KV cache in that format under
-    `--kv-cache-dtype auto` (vllm PR #29980, `resolve_kv_cache_dtype_string` in
-    vllm/utils/torch_utils.py). None when the checkpoint names none."""
+    """"fp8" when a pre-quantized checkpoint stores its KV cache in FP8: ModelOpt's
+    `kv_cache_quant_algo` ("FP8"), compressed-tensors' `kv_cache_scheme` (8-bit float). vLLM
+    resolves `--kv-cache-dtype auto` to it (`resolve_kv_cache_dtype_string`,
+    `get_kv_cache_quant_algo_string` in vllm/utils/torch_utils.py). A checkpoint without
+    either (RedHatAI fp8-dynamic, Qwen's block-FP8, runtime `--quantization fp8`) keeps the
+    model dtype."""
     qc = cfg.get("quantization_config") or cfg.get("compression_config")
     if not isinstance(qc, Mapping):
         return None
-    inner = qc.get("quantization") if isinstance(qc.get("quantization"), Mapping) else {}
-    algo = qc.get("kv_cache_quant_algo") or inner.get("kv_cache_quant_algo")
-    if isinstance(algo, str) and "FP8" in algo.upper():
+    algo = qc.get("kv_cache_quant_algo") or (qc.get("quantization") or {}).get("kv_cache_quant_algo")
+    if isinstance(algo, str) and algo.upper().startswith("FP8"):
         return "fp8"
     scheme = qc.get("kv_cache_scheme")
     if isinstance(scheme, Mapping) and int(scheme.get("num_bits") or 0) == 8 \
-            and str(scheme.get("type") or "float") == "float":
+            and str(scheme.get("type") or "").lower() == "float":
         return "fp8"
     return None
 
@@ -387,7 +394,8 @@ def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[
 
 
 def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
-                     extra_params: int = 0, quantization: str | None = None) -> ModelArch:
+                     extra_params: int = 0, quantization: str | None = None,
+                     generation: Mapping[str, Any] | None = None) -> ModelArch:
     """Build a ModelArch from a parsed HF config.json (nested text_config supported)."""
     if not isinstance(config, Mapping):
         raise CatalogError(f"{where}: config.json is not a JSON object")
@@ -513,8 +521,20 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,
         quantization=normalize_quantization(quantization) if quantization else None,
-        kv_cache_quant=kv_quant, source=where, notes=tuple(notes),
+        sampling_sorts=_sampling_sorts(generation),
+        kv_cache_quant=kv_quant,
+        source=where, notes=tuple(notes),
     )
+
+
+def _sampling_sorts(generation: Mapping[str, Any] | None) -> bool:
+    """Whether a generation_config.json's defaults make vLLM's sampler truncate (top_k > 0 or
+    top_p < 1), i.e. sort every request's logits over the vocabulary each step."""
+    if not generation:
+        return False
+    top_k = generation.get("top_k")
+    top_p = generation.get("top_p")
+    return bool((top_k is not None and int(top_k) > 0) or (top_p is not None and float(top_p) < 1.0))
 
 
 def load_hf_config(path: str | Path) -> ModelArch:
@@ -576,7 +596,8 @@ def _catalog_arch(model_id: str) -> ModelArch:
     e = entries[model_id]
     return arch_from_config(e["config"], name=model_id, where=e.get("source", model_id),
                             extra_params=int(e.get("extra_params") or 0),
-                            quantization=e.get("quantization"))
+                            quantization=e.get("quantization"),
+                            generation=e.get("generation_config"))
 
 
 def catalog_ids() -> list[str]:

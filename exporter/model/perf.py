@@ -50,6 +50,10 @@ class Calibration:
                   bookkeeping, output processing; not split over TP (one scheduler process)
     moe_bw_eff    share of `bw_eff` the fused-MoE kernel reaches reading routed-expert weights
                   (times the weight format's MOE_FORMAT_EFF below)
+    sample_sort_s per decoding request and step, per 100k vocabulary entries: the top-k/top-p
+                  sampler sorting that request's logits (only models whose generation_config sets
+                  top_k/top_p, which vLLM applies by default); the whole vocabulary on every rank,
+                  so not split over TP; bandwidth-bound (radix sort), scaled like per_token_s
     ref_bw_tbps   HBM bandwidth the class's `per_token_s` was measured at: the per-token GPU work
                   (norms, rotary, activation, sampler prep) is bandwidth-bound, so another GPU's
                   per-token cost scales with ref_bw / its bandwidth, and with 1/TP
@@ -83,12 +87,14 @@ class Calibration:
     ref_bw_tbps: float = 3.35
     attn_bw_eff: float = 1.0
     kv_capacity_scale: float = 1.0
+    sample_sort_s: float = 0.0
 
 
 # the free factors of the step-time model, few and physical (fitted per GPU class offline by
 # benchmarks/accuracy_latency.py --fit, online by the calibration of issue 15)
 STEP_FACTORS = ("bw_eff", "flops_eff_bf16", "flops_eff_fp8", "flops_eff_fp4", "moe_flops_eff",
-                "moe_bw_eff", "step_overhead_s", "per_seq_s", "per_token_s", "layer_sync_s")
+                "moe_bw_eff", "step_overhead_s", "per_seq_s", "per_token_s", "layer_sync_s",
+                "sample_sort_s")
 TTFT_FACTORS = ("ttft_steps", "ttft_fixed_s", "queue_factor", "ttft_prefill_factor")
 
 # Relative efficiency of vLLM's fused-MoE kernel per expert weight format, against the MXFP4
@@ -109,15 +115,17 @@ CALIBRATIONS: dict[str, Calibration] = {
     # refitted 2026-11-25 (second time) on 258 rows (H100-SXM: Qwen3-32B bf16/fp8, Llama-3.1-70B
     # fp8, gpt-oss-120b mxfp4; H200-SXM: Llama-3.1-70B fp8; c <= 256) with the per-token cost
     # split over TP, a per-request host cost, token-based admission, and attention as its own
-    # roofline after the GEMMs (attn_bw_eff); bw_eff bounded by BW_EFF_MAX (0.93). Cross-validated figures:
+    # roofline after the GEMMs (attn_bw_eff), the sampler's top-k/top-p sort (sample_sort_s, models
+    # whose generation_config truncates), a weak prior on each factor; bw_eff bounded by
+    # BW_EFF_MAX (0.93). Cross-validated figures:
     # `python benchmarks/accuracy_latency.py --cv`. FP4 GEMMs have no Hopper rows: the FP8
     # factor stands in for them.
-    "hopper": Calibration("hopper", bw_eff=0.930, flops_eff_bf16=0.563, flops_eff_fp8=0.796,
-                          flops_eff_fp4=0.796, step_overhead_s=1.120e-3, layer_sync_s=28.9e-6,
-                          per_token_s=4.52e-6, ttft_steps=3.96, ttft_fixed_s=0.0,
-                          moe_flops_eff=0.483, queue_factor=0.0377, ttft_prefill_factor=1.45,
-                          source=_FIT_SOURCE, per_seq_s=0.81e-6, moe_bw_eff=1.0,
-                          ref_bw_tbps=3.35, attn_bw_eff=0.653),
+    "hopper": Calibration("hopper", bw_eff=0.930, flops_eff_bf16=0.569, flops_eff_fp8=0.789,
+                          flops_eff_fp4=0.789, step_overhead_s=1.273e-3, layer_sync_s=26.7e-6,
+                          per_token_s=4.32e-6, ttft_steps=3.83, ttft_fixed_s=0.0,
+                          moe_flops_eff=0.483, queue_factor=0.0355, ttft_prefill_factor=1.49,
+                          source=_FIT_SOURCE, per_seq_s=0.90e-6, moe_bw_eff=0.943,
+                          ref_bw_tbps=3.35, attn_bw_eff=0.878, sample_sort_s=29.1e-6),
     # Blackwell (B200/B300/GB200, RTX PRO 6000): no measured rows here, so not Hopper's numbers
     # stretched but each factor carried over by what it physically is:
     # - host costs (step_overhead_s, per_seq_s) and the all-reduce latency (layer_sync_s,
@@ -127,14 +135,16 @@ CALIBRATIONS: dict[str, Calibration] = {
     # - efficiencies are shares of Blackwell's own datasheet peaks; the GEMM shares are lower
     #   than Hopper's because the same serving batch fills a 2.25x larger tensor-core array
     #   less (prior: Hopper's x 0.8 [unverified, to be fitted online, issue 15]); HBM3e
-    #   bandwidth share as Hopper's HBM3 [unverified]; FP4 GEMMs (tcgen05) as FP8.
-    "blackwell": Calibration("blackwell", bw_eff=0.930, flops_eff_bf16=0.45, flops_eff_fp8=0.64,
-                             flops_eff_fp4=0.64, step_overhead_s=1.120e-3, layer_sync_s=28.9e-6,
-                             per_token_s=4.52e-6, ttft_steps=3.96, ttft_fixed_s=0.0,
-                             moe_flops_eff=0.483, queue_factor=0.0377, ttft_prefill_factor=1.45,
-                             source="prior: Hopper fit carried over factor by factor (no Blackwell rows)",
-                             per_seq_s=0.81e-6, moe_bw_eff=1.0, ref_bw_tbps=3.35, attn_bw_eff=0.653),
+    #   bandwidth share as Hopper's HBM3 [unverified]; FP4 GEMMs (tcgen05) as FP8;
+    # - sample_sort_s (the top-k/top-p sort, bandwidth-bound) scales like per_token_s.
+    # Built from the Hopper entry (just below the dict) so the two cannot drift apart.
 }
+CALIBRATIONS["blackwell"] = replace(
+    CALIBRATIONS["hopper"], gpu_class="blackwell",
+    flops_eff_bf16=round(CALIBRATIONS["hopper"].flops_eff_bf16 * 0.8, 3),
+    flops_eff_fp8=round(CALIBRATIONS["hopper"].flops_eff_fp8 * 0.8, 3),
+    flops_eff_fp4=round(CALIBRATIONS["hopper"].flops_eff_fp4 * 0.8, 3),
+    source="prior: Hopper fit carried over factor by factor (no Blackwell rows)")
 _UNFITTED_NOTE = "no measured rows for this class: Hopper factors applied to its own datasheet"
 
 
@@ -200,6 +210,7 @@ class Shape:
     gpu_name: str
     gpu_vendor: str
     expert_kernel_eff: float = 1.0  # MOE_FORMAT_EFF of the expert weight format
+    sort_vocab: float = 0.0         # vocabulary the sampler sorts per request (0: no top-k/top-p)
     allreduce_hops: float = 1.0     # latency multiple of one all-reduce: 1 with vLLM's one-shot
                                     # custom all-reduce, tp-1 for NCCL's ring on >2 PCIe GPUs
 
@@ -259,6 +270,9 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     seqs = b + (1.0 if prefill_tokens else 0.0)
     per_token = cal.per_token_s * (cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s) / shape.tp
     t = (t_gemm + t_attn + cal.step_overhead_s + cal.per_seq_s * seqs + per_token * tokens)
+    if shape.sort_vocab:
+        t += (cal.sample_sort_s * shape.sort_vocab / 1e5 * (cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s)
+              * (b + (1.0 if prefill_tokens else 0.0)))
     if shape.tp > 1:
         per_ar = cal.layer_sync_s * shape.allreduce_hops + (2.0 * (shape.tp - 1) / shape.tp * tokens
                                      * shape.allreduce_bytes_per_token / shape.link_bytes_per_s)
@@ -531,6 +545,7 @@ def shape_for(setup: Any) -> Shape:
         gpu_name=gpu.name,
         gpu_vendor=gpu.vendor,
         expert_kernel_eff=MOE_FORMAT_EFF[fmt],
+        sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,
     )
 
