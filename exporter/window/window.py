@@ -268,15 +268,25 @@ class Window:
         return Observed(**base, **_deltas(first, newest, dt))
 
 
+# the histograms a baseline is differenced for (`_deltas`): the others a scrape parses (vLLM's
+# prefill/decode/inference time) are read from the newest snapshot only, never as a baseline
+BASELINE_HISTOGRAMS = frozenset(("ttft_seconds", "itl_seconds", "tpot_seconds", "e2e_seconds",
+                                 "queue_time_seconds", "prompt_tokens", "generation_tokens",
+                                 "iteration_tokens", "max_tokens_param"))
+
+
 def _compact(snap: Snapshot) -> Snapshot:
     """The same snapshot with each histogram's counts in an `array('d')` (8 bytes a count)
-    instead of a tuple of float objects (8 + 24): a window's baselines are most of a target's
-    memory, and at 10,000 targets this saves ~25 % of the daemon's RSS (docs/scaling.md).
-    Read-only like the original; every Histogram method works on either."""
+    instead of a tuple of float objects (8 + 24), and only the histograms a baseline is read
+    for (BASELINE_HISTOGRAMS: a quarter of vLLM's are never differenced): a window's baselines
+    are most of a target's memory at 10,000 targets (docs/scaling.md). Read-only like the
+    original; every Histogram method works on either."""
     hists = snap.histograms
-    if not hists or all(type(h.counts) is array for h in hists.values()):
+    if not hists or (all(type(h.counts) is array for h in hists.values())
+                     and BASELINE_HISTOGRAMS.issuperset(hists)):
         return snap
-    packed = {k: Histogram(h.bounds, array("d", h.counts), h.sum, h.count) for k, h in hists.items()}
+    packed = {k: Histogram(h.bounds, array("d", h.counts), h.sum, h.count) for k, h in hists.items()
+              if k in BASELINE_HISTOGRAMS}
     return replace(snap, histograms=packed)
 
 

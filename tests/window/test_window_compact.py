@@ -38,3 +38,29 @@ def test_compact_baselines_give_the_same_summary_and_state():
     again = window_from_dict(window_to_dict(w), 600).summary(snaps[-1].timestamp)   # arrays serialise
     assert (again.ttft, again.requests_per_s, again.tokens_per_step) == (summary.ttft, summary.requests_per_s,
                                                                         summary.tokens_per_step)
+
+
+def test_baselines_keep_only_the_histograms_they_are_differenced_for():
+    """A real vLLM capture parses prefill/decode/inference-time histograms too; a baseline keeps
+    only the ones the window differences, and the summary over a real pair is unchanged."""
+    from conftest import VLLM_CPU
+    from exporter.parse.canonical import parse_vllm
+    from exporter.window.window import BASELINE_HISTOGRAMS
+    a = (VLLM_CPU / "vllm-0.32.0-cpu-load-a.prom").read_bytes()
+    b = (VLLM_CPU / "vllm-0.32.0-cpu-load-b.prom").read_bytes()
+    [first] = parse_vllm(a, target="t", timestamp=1000.0)
+    [last] = parse_vllm(b, target="t", timestamp=1060.0)
+    dropped = set(first.histograms) - BASELINE_HISTOGRAMS
+    assert dropped >= {"prefill_time_seconds", "decode_time_seconds"}     # the capture has them
+    w = Window(600)
+    w.observe(first)
+    w.observe(last)
+    base, newest = w.snapshots()
+    assert set(base.histograms) == set(first.histograms) & BASELINE_HISTOGRAMS
+    assert newest is last and dropped <= set(newest.histograms)
+    from exporter.window.window import _deltas     # the summary from the parsed pair itself
+    want = _deltas(first, last, 60.0)
+    got = w.summary(1060.0)
+    for k in ("ttft", "itl", "tpot", "e2e", "queue_time", "prompt_len", "generation_len", "tokens_per_step",
+              "requests_per_s", "max_tokens_top"):
+        assert getattr(got, k) == want[k], k
