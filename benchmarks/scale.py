@@ -12,7 +12,8 @@ Goals (issue 20) at 10,000 targets every 15 s: <= 60 % of one core, <= 1 GiB RSS
 <= 100 ms and worst <= 250 ms while evaluations run; CPU per target per cycle <= 0.2 x the stock
 parser's time for the same body. `--source capture` serves a real vLLM capture from
 ../shared/checks/loopback_targets.py instead of the simulator (whose fleet mode cannot answer
-10,000 targets every 15 s on a small machine); /metrics is probed every 0.5 s as a Prometheus would.
+10,000 targets every 15 s on a small machine); /metrics is probed every 0.5 s as a Prometheus would
+(Accept-Encoding: gzip; `--no-probe-gzip` reads it uncompressed).
 
 With `--mode query` a real Prometheus (the `prometheus` binary) scrapes the fleet every
 `--interval` and the daemon reads it through the query API instead (`prometheus:` config); the
@@ -26,6 +27,7 @@ Prints one line per size and the goal figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import shutil
 import signal
@@ -68,11 +70,18 @@ def metric(text: str, name: str) -> float | None:
     return None
 
 
-def get(url: str, timeout: float = 30.0) -> tuple[float, bytes]:
+def get(url: str, timeout: float = 30.0, gzipped: bool = False) -> tuple[float, bytes]:
+    """GET url; with `gzipped` ask for gzip as a Prometheus does (the time includes reading the
+    compressed body; the body returned is decompressed)."""
     t = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gzipped else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()
-    return time.perf_counter() - t, body
+        encoding = r.headers.get("Content-Encoding", "")
+    dt = time.perf_counter() - t
+    if encoding == "gzip":
+        body = gzip.decompress(body)
+    return dt, body
 
 
 def stock_parse_seconds(payload: str, repeat: int = 20) -> float:
@@ -196,7 +205,7 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
         latencies, peak_rss = [], rss_mib(daemon.pid)
         end = t0 + args.steady
         while time.time() < end:
-            dt, body = get(base + "/metrics")
+            dt, body = get(base + "/metrics", gzipped=args.probe_gzip)
             latencies.append(dt)
             peak_rss = max(peak_rss, rss_mib(daemon.pid))
             time.sleep(min(0.5, max(0.0, end - time.time())))
@@ -241,6 +250,8 @@ def main() -> int:
     ap.add_argument("--profile", default=None, help="directory for py-spy profiles of the daemon")
     ap.add_argument("--mode", choices=("scrape", "query"), default="scrape")
     ap.add_argument("--federate", action="store_true", help="query mode through /federate")
+    ap.add_argument("--probe-gzip", action=argparse.BooleanOptionalAction, default=True,
+                    help="probe /metrics with Accept-Encoding: gzip, as a Prometheus does (default)")
     ap.add_argument("--source", choices=("sim", "capture"), default="sim",
                     help="targets: the simulator's fleet mode, or a real capture on loopback ports")
     args = ap.parse_args()
