@@ -145,7 +145,7 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
         tool = SHARED / "checks" / "loopback_targets.py"
         if not tool.exists() or not CAPTURE.exists():
             raise RuntimeError(f"--source capture needs {tool} and {CAPTURE}")
-        sim = subprocess.Popen([sys.executable, str(tool), "--base-port", "0", "--count", str(n), "--file",
+        sim = subprocess.Popen([sys.executable, str(tool), "--base-port", str(args.base_port), "--count", str(n), "--file",
                                 str(CAPTURE), "--seconds", str(int(args.warmup + args.steady + 600))],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     else:
@@ -250,6 +250,9 @@ def main() -> int:
     ap.add_argument("--profile", default=None, help="directory for py-spy profiles of the daemon")
     ap.add_argument("--mode", choices=("scrape", "query"), default="scrape")
     ap.add_argument("--federate", action="store_true", help="query mode through /federate")
+    ap.add_argument("--base-port", type=int, default=0,
+                    help="--source capture: first port of the targets (0: the OS picks ephemeral ports, which "
+                         "run out near 10,000 targets when another fleet shares the machine; e.g. 20000)")
     ap.add_argument("--probe-gzip", action=argparse.BooleanOptionalAction, default=True,
                     help="probe /metrics with Accept-Encoding: gzip, as a Prometheus does (default)")
     ap.add_argument("--source", choices=("sim", "capture"), default="sim",
