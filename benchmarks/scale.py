@@ -140,27 +140,38 @@ SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 CAPTURE = SHARED / "fixtures" / "prom" / "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"
 
 
+TARGETS_PER_PROCESS = 4000
+
+
 def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
     if args.source == "capture":
         tool = SHARED / "checks" / "loopback_targets.py"
         if not tool.exists() or not CAPTURE.exists():
             raise RuntimeError(f"--source capture needs {tool} and {CAPTURE}")
-        sim = subprocess.Popen([sys.executable, str(tool), "--base-port", str(args.base_port), "--count", str(n), "--file",
-                                str(CAPTURE), "--seconds", str(int(args.warmup + args.steady + 600))],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        # one loopback process holds a listening socket and a kept-alive connection per target:
+        # 2 descriptors each, so split the fleet to stay under a 20,000 open-file limit
+        sims = []
+        for start in range(0, n, TARGETS_PER_PROCESS):
+            count = min(TARGETS_PER_PROCESS, n - start)
+            sims.append(subprocess.Popen([sys.executable, str(tool), "--base-port",
+                                          str(args.base_port + start if args.base_port else 0), "--count", str(count),
+                                          "--file", str(CAPTURE), "--seconds", str(int(args.warmup + args.steady + 600))],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                         start_new_session=True))
     else:
-        sim = subprocess.Popen(exe + ["simulate", "--fleet", str(n), "--port", "0", "--seed", "7"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        sims = [subprocess.Popen(exe + ["simulate", "--fleet", str(n), "--port", "0", "--seed", "7"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)]
     daemon = prom = None
     cfg_path = prom_dir = None
     try:
         urls = []
         deadline = time.time() + 120 + n / 50
-        while len(urls) < n and time.time() < deadline:
-            line = sim.stdout.readline()
-            if not line:
-                break
-            urls.append(line.strip())
+        for sim in sims:
+            while len(urls) < n and time.time() < deadline:
+                line = sim.stdout.readline()
+                if not line:
+                    break
+                urls.append(line.strip())
         if len(urls) != n:
             raise RuntimeError(f"simulator fleet of {n} did not start ({len(urls)} URLs)")
         payload = get(urls[0] + "/metrics")[1].decode()
@@ -233,7 +244,8 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
     finally:
         stop(daemon)
         stop(prom)
-        stop(sim)
+        for sim in sims:
+            stop(sim)
         if prom_dir:
             shutil.rmtree(prom_dir, ignore_errors=True)
         if cfg_path:
