@@ -166,9 +166,10 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
     try:
         urls = []
         deadline = time.time() + 120 + n / 50
-        for sim in sims:
-            while len(urls) < n and time.time() < deadline:
-                line = sim.stdout.readline()
+        for i, sim in enumerate(sims):     # each process prints its own share, then serves
+            share = min(TARGETS_PER_PROCESS, n - i * TARGETS_PER_PROCESS) if len(sims) > 1 else n
+            for _ in range(share):
+                line = sim.stdout.readline() if time.time() < deadline else ""
                 if not line:
                     break
                 urls.append(line.strip())
