@@ -12,8 +12,8 @@ Goals (issue 20) at 10,000 targets every 15 s: <= 60 % of one core, <= 1 GiB RSS
 <= 100 ms and worst <= 250 ms while evaluations run; CPU per target per cycle <= 0.2 x the stock
 parser's time for the same body. `--source capture` serves a real vLLM capture from
 ../shared/checks/loopback_targets.py instead of the simulator (whose fleet mode cannot answer
-10,000 targets every 15 s on a small machine; above 4,000 targets it runs one serving process per
-4,000); /metrics is probed every 0.5 s as a Prometheus does (Accept-Encoding: gzip).
+10,000 targets every 15 s on a small machine); /metrics is probed every 0.5 s as a Prometheus would
+(Accept-Encoding: gzip; `--no-probe-gzip` reads it uncompressed).
 
 With `--mode query` a real Prometheus (the `prometheus` binary) scrapes the fleet every
 `--interval` and the daemon reads it through the query API instead (`prometheus:` config); the
@@ -70,16 +70,18 @@ def metric(text: str, name: str) -> float | None:
     return None
 
 
-def get(url: str, timeout: float = 30.0, gzip_ok: bool = False) -> tuple[float, bytes]:
-    """(seconds to the last byte, body). `gzip_ok`: ask as Prometheus does (Accept-Encoding:
-    gzip) and time the compressed transfer; the body returned is decompressed."""
-    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gzip_ok else {})
+def get(url: str, timeout: float = 30.0, gzipped: bool = False) -> tuple[float, bytes]:
+    """GET url; with `gzipped` ask for gzip as a Prometheus does (the time includes reading the
+    compressed body; the body returned is decompressed)."""
     t = time.perf_counter()
+    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gzipped else {})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()
-        encoded = r.headers.get("Content-Encoding") == "gzip"
+        encoding = r.headers.get("Content-Encoding", "")
     dt = time.perf_counter() - t
-    return dt, (gzip.decompress(body) if encoded else body)
+    if encoding == "gzip":
+        body = gzip.decompress(body)
+    return dt, body
 
 
 def stock_parse_seconds(payload: str, repeat: int = 20) -> float:
@@ -135,36 +137,39 @@ def start_prometheus(urls: list[str], interval: float) -> tuple[subprocess.Popen
 
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-PER_PROCESS = 4000   # loopback targets per serving process (--source capture)
 CAPTURE = SHARED / "fixtures" / "prom" / "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"
 
 
+TARGETS_PER_PROCESS = 4000
+
+
 def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
-    sims: list[subprocess.Popen] = []
     if args.source == "capture":
         tool = SHARED / "checks" / "loopback_targets.py"
         if not tool.exists() or not CAPTURE.exists():
             raise RuntimeError(f"--source capture needs {tool} and {CAPTURE}")
-        # one serving process per PER_PROCESS targets: each holds a listening socket and a kept-alive
-        # connection per target, and a process may hold 20,000 descriptors here
-        for i in range(0, n, PER_PROCESS):
-            sims.append(subprocess.Popen(
-                [sys.executable, str(tool), "--base-port", "0", "--count", str(min(PER_PROCESS, n - i)), "--file",
-                 str(CAPTURE), "--seconds", str(int(args.warmup + args.steady + 600))],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True))
+        # one loopback process holds a listening socket and a kept-alive connection per target:
+        # 2 descriptors each, so split the fleet to stay under a 20,000 open-file limit
+        sims = []
+        for start in range(0, n, TARGETS_PER_PROCESS):
+            count = min(TARGETS_PER_PROCESS, n - start)
+            sims.append(subprocess.Popen([sys.executable, str(tool), "--base-port",
+                                          str(args.base_port + start if args.base_port else 0), "--count", str(count),
+                                          "--file", str(CAPTURE), "--seconds", str(int(args.warmup + args.steady + 600))],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                         start_new_session=True))
     else:
-        sims.append(subprocess.Popen(exe + ["simulate", "--fleet", str(n), "--port", "0", "--seed", "7"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     start_new_session=True))
+        sims = [subprocess.Popen(exe + ["simulate", "--fleet", str(n), "--port", "0", "--seed", "7"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)]
     daemon = prom = None
     cfg_path = prom_dir = None
     try:
         urls = []
         deadline = time.time() + 120 + n / 50
-        for sim in sims:
-            want = len(urls) + (min(PER_PROCESS, n - len(urls)) if args.source == "capture" else n)
-            while len(urls) < want and time.time() < deadline:
-                line = sim.stdout.readline()
+        for i, sim in enumerate(sims):     # each process prints its own share, then serves
+            share = min(TARGETS_PER_PROCESS, n - i * TARGETS_PER_PROCESS) if len(sims) > 1 else n
+            for _ in range(share):
+                line = sim.stdout.readline() if time.time() < deadline else ""
                 if not line:
                     break
                 urls.append(line.strip())
@@ -212,7 +217,7 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
         latencies, peak_rss = [], rss_mib(daemon.pid)
         end = t0 + args.steady
         while time.time() < end:
-            dt, body = get(base + "/metrics", gzip_ok=True)
+            dt, body = get(base + "/metrics", gzipped=args.probe_gzip)
             latencies.append(dt)
             peak_rss = max(peak_rss, rss_mib(daemon.pid))
             time.sleep(min(0.5, max(0.0, end - time.time())))
@@ -258,6 +263,11 @@ def main() -> int:
     ap.add_argument("--profile", default=None, help="directory for py-spy profiles of the daemon")
     ap.add_argument("--mode", choices=("scrape", "query"), default="scrape")
     ap.add_argument("--federate", action="store_true", help="query mode through /federate")
+    ap.add_argument("--base-port", type=int, default=0,
+                    help="--source capture: first port of the targets (0: the OS picks ephemeral ports, which "
+                         "run out near 10,000 targets when another fleet shares the machine; e.g. 20000)")
+    ap.add_argument("--probe-gzip", action=argparse.BooleanOptionalAction, default=True,
+                    help="probe /metrics with Accept-Encoding: gzip, as a Prometheus does (default)")
     ap.add_argument("--source", choices=("sim", "capture"), default="sim",
                     help="targets: the simulator's fleet mode, or a real capture on loopback ports")
     args = ap.parse_args()
