@@ -93,8 +93,8 @@ class Calibration:
 # the free factors of the step-time model, few and physical (fitted per GPU class offline by
 # benchmarks/accuracy_latency.py --fit, online by the calibration of issue 15)
 STEP_FACTORS = ("bw_eff", "flops_eff_bf16", "flops_eff_fp8", "flops_eff_fp4", "moe_flops_eff",
-                "moe_bw_eff", "step_overhead_s", "per_seq_s", "per_token_s", "layer_sync_s",
-                "sample_sort_s")
+                "moe_bw_eff", "attn_bw_eff", "step_overhead_s", "per_seq_s", "per_token_s",
+                "layer_sync_s", "sample_sort_s")
 TTFT_FACTORS = ("ttft_steps", "ttft_fixed_s", "queue_factor", "ttft_prefill_factor")
 
 # Relative efficiency of vLLM's fused-MoE kernel per expert weight format, against the MXFP4
@@ -264,15 +264,15 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
         span = prefill_context_tokens + prefill_tokens / 2.0
         attn_flops += prefill_tokens * (span * shape.attn_flops_per_ctx_token
                                         + min(span, shape.swa_window) * shape.swa_attn_flops_per_ctx_token)
-    t_attn = max(kv / (bw * cal.attn_bw_eff), attn_flops / eff_peak) if (kv or attn_flops) else 0.0
+    t_attn = max(kv / (bw * cal.attn_bw_eff), attn_flops / eff_peak)
     # host: a fixed cost plus one per request in the batch; GPU small kernels: per token, on
-    # this rank's slice (split over TP), at this GPU's bandwidth relative to the class reference
+    # this rank's slice (split over TP), and the sampler's sort per request (whole vocabulary on
+    # every rank), both at this GPU's bandwidth relative to the class reference
     seqs = b + (1.0 if prefill_tokens else 0.0)
-    per_token = cal.per_token_s * (cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s) / shape.tp
-    t = (t_gemm + t_attn + cal.step_overhead_s + cal.per_seq_s * seqs + per_token * tokens)
-    if shape.sort_vocab:
-        t += (cal.sample_sort_s * shape.sort_vocab / 1e5 * (cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s)
-              * (b + (1.0 if prefill_tokens else 0.0)))
+    bw_scale = cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s
+    t = (t_gemm + t_attn + cal.step_overhead_s + cal.per_seq_s * seqs
+         + cal.per_token_s * bw_scale / shape.tp * tokens
+         + cal.sample_sort_s * shape.sort_vocab / 1e5 * bw_scale * seqs)
     if shape.tp > 1:
         per_ar = cal.layer_sync_s * shape.allreduce_hops + (2.0 * (shape.tp - 1) / shape.tp * tokens
                                      * shape.allreduce_bytes_per_token / shape.link_bytes_per_s)

@@ -7,7 +7,7 @@ model reads plain resolved values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from exporter.errors import InputError
 from exporter.parse.version import Version, read_version
@@ -70,9 +70,6 @@ class Setup:
     enable_chunked_prefill: bool = True
     dp: int = 1                      # data-parallel engines (--data-parallel-size)
     expert_parallel: bool = False    # --enable-expert-parallel: whole experts per rank
-    # why kv_cache_dtype is what it is: "flag" (given), "model dtype" (auto) or "checkpoint"
-    # (auto following the checkpoint's own KV scheme, vLLM >= 0.13)
-    kv_cache_dtype_basis: str = field(default="flag", compare=False)
 
     @property
     def moe_ranks(self) -> int:
@@ -143,7 +140,7 @@ class Setup:
             quant = "fp8"
         else:
             quant = normalize_quantization(quantization) if quantization else arch.quantization
-        kv, kv_basis = _resolve_kv_dtype(kv, arch, version)
+        kv = _resolve_kv_dtype(kv, arch, version)
         util = gpu_memory_utilization
         if util is None:
             util = 0.92 if version >= UTIL_092 else 0.9
@@ -181,22 +178,19 @@ class Setup:
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
                    block_size=bs, vllm_version=version, enable_chunked_prefill=chunked,
-                   dp=int(dp), expert_parallel=bool(expert_parallel) and arch.is_moe,
-                   kv_cache_dtype_basis=kv_basis)
+                   dp=int(dp), expert_parallel=bool(expert_parallel) and arch.is_moe)
 
 
-def _resolve_kv_dtype(kv: str, arch: ModelArch, version: Version) -> tuple[str, str]:
-    """(kv_cache_dtype, basis). `auto` on vLLM >= 0.13 takes the checkpoint's KV scheme when it
+def _resolve_kv_dtype(kv: str, arch: ModelArch, version: Version) -> str:
+    """The KV cache dtype vLLM uses for `--kv-cache-dtype kv`. `auto` on vLLM >= 0.13 takes the checkpoint's KV scheme when it
     names one (ModelOpt `kv_cache_quant_algo`, compressed-tensors `kv_cache_scheme`: vllm PR
     #29980, `resolve_kv_cache_dtype_string` in vllm/utils/torch_utils.py); otherwise, and before
     0.13, `auto` is the model dtype. A runtime `--quantization fp8` of a BF16 checkpoint names no
     KV scheme and keeps a BF16 cache (measured: Llama-3.1-8B on H100, vLLM 0.19, 529,248 KV
     tokens against 476,016 unquantized: only the weights shrank)."""
-    if kv != "auto":
-        return kv, "flag"
-    if version >= KV_FROM_CHECKPOINT and arch.kv_cache_quant:
-        return arch.kv_cache_quant, "checkpoint"
-    return kv, "model dtype"
+    if kv == "auto" and version >= KV_FROM_CHECKPOINT and arch.kv_cache_quant:
+        return arch.kv_cache_quant
+    return kv
 
 
 def make_setup(model: str | ModelArch, gpu: str | GPU, **kwargs) -> Setup:
