@@ -6,16 +6,17 @@ render held the GIL in long runs while a Prometheus waited for `/metrics`. A tar
 families (findings, scores, predictions: most of its samples) only change when that target is
 evaluated, so:
 
-* per target, the report families are rendered once per new set of `ModelReport`s (the
-  reports are immutable; a new tuple means a new evaluation) and kept as text per family;
+* per target, the report families (`collector.REPORT_FAMILIES`) are rendered once per new set
+  of `ModelReport`s (the reports are immutable; a new tuple means a new evaluation), straight
+  from `collector.report_samples` to text, and kept as text per family;
 * the scrape-state families (`up`, durations, errors, info; a few samples per target) and the
   fleet-level ones are rendered on every publish from a view without reports (cheap);
 * the body is joined family by family (the text format wants a family's samples together) in
   the publishing thread; `/metrics` serves the joined bytes, and gzip is compressed once per
   body in a background thread (zlib releases the GIL) instead of once per request.
 
-The result is byte-for-byte what `Exposition.render` gives for the same view (tested), whatever
-families `FleetCollector` grows: a family is per-target when its samples have a `target` label.
+The result is byte-for-byte what `Exposition.render` gives for the same view (tested): a
+report's samples are listed once (`report_samples`) for both.
 """
 from __future__ import annotations
 
@@ -27,17 +28,24 @@ from typing import Callable
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from exporter.export.collector import Exposition, FleetCollector, FleetView, TargetView
+from exporter.export.collector import REPORT_FAMILIES, Exposition, FleetView, TargetView, report_samples
+from exporter.export.render import _escape, _go_float
 
 __all__ = ["CachedExposition", "CapsCollector"]
 
 
-def _has_target(labels: dict[str, str]) -> bool:
-    return "target" in labels
+# per report family: its `name{` and its label names in the order the text format sorts them
+_REPORT_HEADS = tuple((name + "{", tuple(sorted(range(len(labels)), key=labels.__getitem__)), labels)
+                      for name, _doc, _typ, labels in REPORT_FAMILIES)
 
 
-def _no_target(labels: dict[str, str]) -> bool:
-    return "target" not in labels
+def _report_line(i: int, values: tuple[str, ...], value: float) -> str:
+    """One report sample's line as `Renderer.parts` writes it. Not through the renderer's head
+    cache: the block keeps the text, and a cache entry per report sample was ~13 KiB per
+    target (docs/scaling.md)."""
+    start, order, labels = _REPORT_HEADS[i]
+    inner = ",".join([f'{labels[j]}="{_escape(values[j])}"' for j in order])
+    return f"{start}{inner}}} {_go_float(value)}\n"
 
 
 class CachedExposition(Exposition):
@@ -45,7 +53,6 @@ class CachedExposition(Exposition):
 
     def __init__(self, *, compress_min_bytes: int = 256 * 1024) -> None:
         self._blocks: dict[str, tuple[tuple, dict[str, str]]] = {}   # target -> (reports key, family -> lines)
-        self._one = FleetCollector()               # renders one target's reports
         self._gz: tuple[bytes, bytes] | None = None   # (body it compresses, gzip bytes)
         self._gz_lock = threading.Lock()
         self._gz_thread: threading.Thread | None = None
@@ -78,12 +85,20 @@ class CachedExposition(Exposition):
             return hit
         lines: dict[str, str] = {}
         if t.reports:
-            one = self._one
-            one.view = FleetView((TargetView(t.target, t.source, None, None, None, {}, t.vllm_version, {}, t.reports),))
-            for name, _header, text in self._renderer.parts(one.collect(), _has_target):
-                if text:
-                    lines[name] = text
-            one.view = FleetView()
+            # the lines of the report families (collector.REPORT_FAMILIES), straight from the
+            # reports: what FleetCollector.reports + Renderer.parts write, without building
+            # prometheus_client families only to format them
+            by_family: dict[int, list[str]] = {}
+            for r in t.reports:
+                for i, values, value in report_samples(r):
+                    text = _report_line(i, values, value)
+                    got = by_family.get(i)
+                    if got is None:
+                        by_family[i] = [text]
+                    else:
+                        got.append(text)
+            for i in sorted(by_family):
+                lines[REPORT_FAMILIES[i][0]] = "".join(by_family[i])
             self.rendered_targets += 1
         return (key, lines)
 

@@ -88,7 +88,7 @@ class FleetCollector(Collector):
         for name, count in sorted(by_source.items()):
             source.add_metric([name], count)
         yield from (up, dur, last_ok, info, errs, source)
-        yield from self._reports(v)
+        yield from self.reports(v)
 
         ev_ts = _g("vllm_drift_last_evaluation_timestamp_seconds", "Unix time the last evaluation finished.")
         ev_dur = _g("vllm_drift_evaluation_duration_seconds", "Duration of the last evaluation of the fleet.")
@@ -124,101 +124,123 @@ class FleetCollector(Collector):
         yield from (ev_ts, ev_dur, cyc, cycles, fails, reloads, loaded, disc, state, ready)
 
     @staticmethod
-    def _reports(v: FleetView) -> Iterable[Metric]:
-        tm = ["target", "model_name"]
-        mis = _g("vllm_drift_misconfiguration_score",
-                 "How far a setting is from the predicted optimum for the observed traffic (0 optimal, 1 worst).",
-                 tm + ["parameter"])
-        conf = _g("vllm_drift_configured_value", "The value a setting has on the target, where observable.",
-                  tm + ["parameter"])
-        rec = _g("vllm_drift_recommended_value", "The value the model recommends for a setting.", tm + ["parameter"])
-        kvp = _g("vllm_drift_kv_pressure_score", "KV-cache pressure: 0 comfortable, 1 saturated with preemptions.", tm)
-        idle = _g("vllm_drift_idle_capacity_ratio", "Share of predicted sustainable capacity left unused.", tm)
-        tier = _g("vllm_drift_tier_misplacement_score",
-                  "Fraction of spend a cheaper GPU tier meeting the same SLOs would save (0: right tier).",
-                  tm + ["current_gpu", "recommended_gpu"])
-        waste = _g("vllm_drift_estimated_waste_dollars_per_hour",
-                   "Estimated money lost per hour to the active findings.", tm)
-        finding = _g("vllm_drift_finding", "1 while a finding is active.", tm + ["finding", "severity"])
-        fscore = _g("vllm_drift_finding_score", "Score of an active finding.", tm + ["finding"])
-        pkv = _g("vllm_drift_predicted_kv_cache_tokens", "KV-cache capacity the model predicts for the setup.", tm)
-        ptpot = _g("vllm_drift_predicted_tpot_seconds",
-                   "TPOT the model predicts at the observed load; basis: prior (a-priori model), unprofiled "
-                   "(a generic prior for a device with no catalog row) or calibrated (fitted to this "
-                   "server's pool).", tm + ["basis"])
-        pttft = _g("vllm_drift_predicted_ttft_seconds",
-                   "TTFT the model predicts at the observed load; basis as for TPOT.", tm + ["basis"])
-        cfac = _g("vllm_drift_model_calibration_factor",
-                  "Step-time model factor fitted online to this server's pool (absent until calibrated).",
-                  tm + ["factor"])
-        cerr = _g("vllm_drift_model_fit_error_ratio",
-                  "Relative TPOT error of the calibrated model on the last measurement it folded in.", tm)
-        crej = _g("vllm_drift_model_calibration_rejections",
-                  "Measurements of this server's pool refused because the fit would leave physics.", tm)
-        fconf = _g("vllm_drift_finding_confidence",
-                   "How much data backs an active finding, 0 to 1 (grows as the window fills).", tm + ["finding"])
-        fstatus = _g("vllm_drift_finding_status",
-                     "1 for each finding's evaluation status (ok, insufficient_data, unavailable).",
-                     tm + ["finding", "status"])
-        # typed summary: its samples are quantile objectives (the agreed `quantile` label), which
-        # the exposition linters (promtool check metrics) accept on summaries only
-        slo = Metric("vllm_drift_slo_seconds", "The latency SLO (p99 objective) a target is judged against "
-                     "(source: configured; else expected, the model's p99 at the observed load x 1.5; else default).",
-                     "summary")
-        ratio = _g("vllm_drift_observed_to_predicted_kv_cache_ratio",
-                   "Observed KV-cache capacity divided by the predicted one.", tm)
-        status = _g("vllm_drift_evaluation_status",
-                    "1 for the current evaluation status of a model (ok, insufficient_data, unavailable).",
-                    tm + ["status"])
+    def reports(v: FleetView) -> Iterable[Metric]:
+        """The families made from the targets' `ModelReport`s (every sample has a `target`
+        label). Everything a report shows belongs in `REPORT_FAMILIES` and `report_samples`:
+        `/metrics` renders these per target right after its evaluation (`report_lines`) and
+        the rest at each publish."""
+        families = []
+        for name, doc, typ, labels in REPORT_FAMILIES:
+            if typ == "summary":
+                families.append(Metric(name, doc, "summary"))
+            else:
+                families.append(_g(name, doc, labels))
         for t in v.targets:
             for r in t.reports:
-                key = [r.target, r.model_name]
-                status.add_metric(key + [r.status], 1.0)
-                for p in PARAMETERS:
-                    if p in r.misconfiguration:
-                        mis.add_metric(key + [p], r.misconfiguration[p])
-                    if p in r.configured and r.configured[p] is not None:
-                        conf.add_metric(key + [p], float(r.configured[p]))
-                    if p in r.recommended and r.recommended[p] is not None:
-                        rec.add_metric(key + [p], float(r.recommended[p]))
-                if r.kv_pressure_score is not None:
-                    kvp.add_metric(key, r.kv_pressure_score)
-                if r.idle_capacity_ratio is not None:
-                    idle.add_metric(key, r.idle_capacity_ratio)
-                if r.tier is not None:
-                    tier.add_metric(key + [r.tier.current_gpu, r.tier.recommended_gpu], r.tier.score)
-                if r.waste_dollars_per_hour is not None:
-                    waste.add_metric(key, r.waste_dollars_per_hour)
-                for f in r.findings:
-                    if f.finding in ("unavailable", "insufficient_data"):
-                        continue        # statuses, not findings (vllm_drift_finding_status)
-                    finding.add_metric(key + [f.finding, f.severity], 1.0)
-                    fscore.add_metric(key + [f.finding], f.score)
-                    if f.confidence is not None:
-                        fconf.add_metric(key + [f.finding], f.confidence)
-                for name, st in r.finding_status.items():
-                    fstatus.add_metric(key + [name, st.get("status", "ok")], 1.0)
-                for metric, seconds in r.slo_seconds.items():
-                    slo.add_sample("vllm_drift_slo_seconds", {"target": r.target, "model_name": r.model_name,
-                                                              "metric": metric, "quantile": "0.99",
-                                                              "source": r.slo_source.get(metric, "default")},
-                                   seconds)
-                if r.predicted_kv_cache_tokens is not None:
-                    pkv.add_metric(key, r.predicted_kv_cache_tokens)
-                if r.predicted_tpot_seconds is not None:
-                    ptpot.add_metric(key + [r.prediction_basis], r.predicted_tpot_seconds)
-                if r.predicted_ttft_seconds is not None:
-                    pttft.add_metric(key + [r.prediction_basis], r.predicted_ttft_seconds)
-                if r.calibration:
-                    for name, value in sorted(r.calibration["factors"].items()):
-                        cfac.add_metric(key + [name], value)
-                    if r.calibration["fit_error"] is not None:
-                        cerr.add_metric(key, r.calibration["fit_error"])
-                    crej.add_metric(key, r.calibration["rejected"])
-                if r.observed_kv_cache_tokens_ratio is not None:
-                    ratio.add_metric(key, r.observed_kv_cache_tokens_ratio)
-        yield from (mis, conf, rec, kvp, idle, tier, waste, finding, fscore, fconf, fstatus, pkv, ptpot, pttft,
-                    cfac, cerr, crej, ratio, status, slo)
+                for i, values, value in report_samples(r):
+                    fam = families[i]
+                    if fam.type == "summary":
+                        fam.add_sample(fam.name, dict(zip(REPORT_FAMILIES[i][3], values)), value)
+                    else:
+                        fam.add_metric(values, value)
+        yield from families
+
+
+_TM = ("target", "model_name")
+# (name, HELP, type, label names) of the families made from reports, in exposition order
+REPORT_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("vllm_drift_misconfiguration_score",
+     "How far a setting is from the predicted optimum for the observed traffic (0 optimal, 1 worst).",
+     "gauge", _TM + ("parameter",)),
+    ("vllm_drift_configured_value", "The value a setting has on the target, where observable.",
+     "gauge", _TM + ("parameter",)),
+    ("vllm_drift_recommended_value", "The value the model recommends for a setting.", "gauge", _TM + ("parameter",)),
+    ("vllm_drift_kv_pressure_score", "KV-cache pressure: 0 comfortable, 1 saturated with preemptions.", "gauge", _TM),
+    ("vllm_drift_idle_capacity_ratio", "Share of predicted sustainable capacity left unused.", "gauge", _TM),
+    ("vllm_drift_tier_misplacement_score",
+     "Fraction of spend a cheaper GPU tier meeting the same SLOs would save (0: right tier).",
+     "gauge", _TM + ("current_gpu", "recommended_gpu")),
+    ("vllm_drift_estimated_waste_dollars_per_hour", "Estimated money lost per hour to the active findings.",
+     "gauge", _TM),
+    ("vllm_drift_finding", "1 while a finding is active.", "gauge", _TM + ("finding", "severity")),
+    ("vllm_drift_finding_score", "Score of an active finding.", "gauge", _TM + ("finding",)),
+    ("vllm_drift_finding_confidence",
+     "How much data backs an active finding, 0 to 1 (grows as the window fills).", "gauge", _TM + ("finding",)),
+    ("vllm_drift_finding_status", "1 for each finding's evaluation status (ok, insufficient_data, unavailable).",
+     "gauge", _TM + ("finding", "status")),
+    ("vllm_drift_predicted_kv_cache_tokens", "KV-cache capacity the model predicts for the setup.", "gauge", _TM),
+    ("vllm_drift_predicted_tpot_seconds",
+     "TPOT the model predicts at the observed load; basis: prior (a-priori model), unprofiled "
+     "(a generic prior for a device with no catalog row) or calibrated (fitted to this "
+     "server's pool).", "gauge", _TM + ("basis",)),
+    ("vllm_drift_predicted_ttft_seconds", "TTFT the model predicts at the observed load; basis as for TPOT.",
+     "gauge", _TM + ("basis",)),
+    ("vllm_drift_model_calibration_factor",
+     "Step-time model factor fitted online to this server's pool (absent until calibrated).",
+     "gauge", _TM + ("factor",)),
+    ("vllm_drift_model_fit_error_ratio",
+     "Relative TPOT error of the calibrated model on the last measurement it folded in.", "gauge", _TM),
+    ("vllm_drift_model_calibration_rejections",
+     "Measurements of this server's pool refused because the fit would leave physics.", "gauge", _TM),
+    ("vllm_drift_observed_to_predicted_kv_cache_ratio", "Observed KV-cache capacity divided by the predicted one.",
+     "gauge", _TM),
+    ("vllm_drift_evaluation_status",
+     "1 for the current evaluation status of a model (ok, insufficient_data, unavailable).", "gauge", _TM + ("status",)),
+    # typed summary: its samples are quantile objectives (the agreed `quantile` label), which
+    # the exposition linters (promtool check metrics) accept on summaries only
+    ("vllm_drift_slo_seconds",
+     "The latency SLO (p99 objective) a target is judged against "
+     "(source: configured; else expected, the model's p99 at the observed load x 1.5; else default).",
+     "summary", _TM + ("metric", "quantile", "source")),
+)
+(_MIS, _CONF, _REC, _KVP, _IDLE, _TIER, _WASTE, _FINDING, _FSCORE, _FCONF, _FSTATUS, _PKV, _PTPOT, _PTTFT,
+ _CFAC, _CERR, _CREJ, _RATIO, _STATUS, _SLO) = range(len(REPORT_FAMILIES))
+
+
+def report_samples(r: ModelReport) -> Iterable[tuple[int, tuple[str, ...], float]]:
+    """(index in REPORT_FAMILIES, label values, value) of every sample one report shows."""
+    key = (r.target, r.model_name)
+    yield _STATUS, key + (r.status,), 1.0
+    for p in PARAMETERS:
+        if p in r.misconfiguration:
+            yield _MIS, key + (p,), r.misconfiguration[p]
+        if p in r.configured and r.configured[p] is not None:
+            yield _CONF, key + (p,), float(r.configured[p])
+        if p in r.recommended and r.recommended[p] is not None:
+            yield _REC, key + (p,), float(r.recommended[p])
+    if r.kv_pressure_score is not None:
+        yield _KVP, key, r.kv_pressure_score
+    if r.idle_capacity_ratio is not None:
+        yield _IDLE, key, r.idle_capacity_ratio
+    if r.tier is not None:
+        yield _TIER, key + (r.tier.current_gpu, r.tier.recommended_gpu), r.tier.score
+    if r.waste_dollars_per_hour is not None:
+        yield _WASTE, key, r.waste_dollars_per_hour
+    for f in r.findings:
+        if f.finding in ("unavailable", "insufficient_data"):
+            continue        # statuses, not findings (vllm_drift_finding_status)
+        yield _FINDING, key + (f.finding, f.severity), 1.0
+        yield _FSCORE, key + (f.finding,), f.score
+        if f.confidence is not None:
+            yield _FCONF, key + (f.finding,), f.confidence
+    for name, st in r.finding_status.items():
+        yield _FSTATUS, key + (name, st.get("status", "ok")), 1.0
+    for metric, seconds in r.slo_seconds.items():
+        yield _SLO, key + (metric, "0.99", r.slo_source.get(metric, "default")), seconds
+    if r.predicted_kv_cache_tokens is not None:
+        yield _PKV, key, r.predicted_kv_cache_tokens
+    if r.predicted_tpot_seconds is not None:
+        yield _PTPOT, key + (r.prediction_basis,), r.predicted_tpot_seconds
+    if r.predicted_ttft_seconds is not None:
+        yield _PTTFT, key + (r.prediction_basis,), r.predicted_ttft_seconds
+    if r.calibration:
+        for name, value in sorted(r.calibration["factors"].items()):
+            yield _CFAC, key + (name,), value
+        if r.calibration["fit_error"] is not None:
+            yield _CERR, key, r.calibration["fit_error"]
+        yield _CREJ, key, r.calibration["rejected"]
+    if r.observed_kv_cache_tokens_ratio is not None:
+        yield _RATIO, key, r.observed_kv_cache_tokens_ratio
 
 
 class Exposition:

@@ -21,6 +21,7 @@ input. Pure.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -67,6 +68,17 @@ def _from_version(version: str | None) -> tuple[str, str] | None:
 
 
 def _from_metrics(names: Iterable[str]) -> tuple[str, str] | None:
+    if isinstance(names, frozenset):    # a scrape's family set (shared by a target's snapshots)
+        return _from_metric_set(names)
+    return _from_metric_list(names)
+
+
+@functools.lru_cache(maxsize=256)
+def _from_metric_set(names: frozenset[str]) -> tuple[str, str] | None:
+    return _from_metric_list(sorted(names))
+
+
+def _from_metric_list(names: Iterable[str]) -> tuple[str, str] | None:
     for name in names:
         for word in re.split(r"[^a-z0-9]+", name.lower()):
             if word in _METRIC_WORDS:

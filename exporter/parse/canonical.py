@@ -17,6 +17,7 @@ canonical keys only, so a mixed fleet is compared like with like:
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Iterable
 
 from exporter.errors import ParseError
@@ -99,202 +100,279 @@ def _shared(cache: dict, key, value):
 
 
 class _Acc:
-    """Per-model accumulation over one scrape."""
+    """Per-model accumulation of where a scrape's values go: lists of indices into the flat
+    list of sample values (families in order, samples in order)."""
 
     __slots__ = ("gauges", "counters", "reasons", "per_pos", "hists", "engines", "created")
 
     def __init__(self) -> None:
-        self.gauges: dict[str, list[float]] = {}
-        self.counters: dict[str, float] = {}
-        self.reasons: dict[str, float] = {}
-        self.per_pos: dict[str, float] = {}
-        # exposed -> engine -> [buckets {le: count}, sum, count]
-        self.hists: dict[str, dict[str, list]] = {}
+        self.gauges: dict[str, list[int]] = {}
+        self.counters: dict[str, list[int]] = {}
+        self.reasons: dict[str, list[int]] = {}
+        self.per_pos: dict[str, list[int]] = {}
+        # exposed -> engine -> [buckets {le: [indices]}, [sum indices], [count indices]]
+        self.hists: dict[str, dict[str | None, list]] = {}
         self.engines: set[str] = set()
-        self.created: float | None = None
+        self.created: list[int] = []
 
 
 def parse_vllm(payload: str | bytes | bytearray | memoryview, *, target: str, timestamp: float,
                reader: Reader | None = None) -> list[Snapshot]:
     """A vLLM `/metrics` body -> one Snapshot per served model. Raises ParseError (or
-    NotAnEngineError) with the reason when the body is not a vLLM engine's exposition."""
+    NotAnEngineError) with the reason when the body is not a vLLM engine's exposition.
+
+    A body shaped like one read before (the reader's shape cache: same lines, new values) skips
+    the parse and the canonical mapping both: the mapping of that shape (`_Plan`) is kept with
+    the shape and run on the new values."""
     text = decode_payload(payload)
     start = text[:512].lstrip()
     if start.startswith("<"):
         raise ParseError("not Prometheus metrics: looks like an HTML page (an error page or a proxy?)")
     if start.startswith(("{", "[")):
         raise ParseError("not Prometheus metrics: looks like JSON (wrong path or an API error?)")
-    families = (reader or READER).parse(text)
-    return canonicalise(families, target=target, timestamp=timestamp)
+    families, shape, values = (reader or READER).parse_shaped(text)
+    if shape is None:
+        return canonicalise(families, target=target, timestamp=timestamp)
+    plan = shape.memo
+    if plan is None:
+        plan = shape.memo = _Plan.of(families if families is not None else shape.families(values))
+    return plan.run(values, target, timestamp)
 
 
 def canonicalise(families: Iterable[Family], *, target: str, timestamp: float) -> list[Snapshot]:
     """Parsed families (any may be present; non-`vllm:` ones are ignored) -> Snapshots."""
-    parts = _PARTS
-    models: dict[str, _Acc] = {}
-    names: set[str] = set()
-    cache_rows: list[dict[str, str]] = []
-    running_help = None
-    has_engine_label = False
-    complete = True
-    ray = False
-    for fam in families:
-        fname = fam.name
-        if not fname.startswith("vllm:"):
-            ray = ray or fname.startswith("ray_vllm")
-            continue
-        if fname in eras.ROUTER_ONLY or (fam.samples and eras.ROUTER_LABEL in fam.samples[0][1]):
-            raise NotAnEngineError(
-                "not a vLLM engine: looks like the production-stack router (it re-exports "
-                f"vllm: metrics with a `server` label and router-only ones such as {fname}); "
-                "scrape the engines behind it instead")
-        if fname == _RUNNING:
-            running_help = fam.documentation
-        samples = fam.samples
-        if not samples:
-            exposed = _FAMILY_EXPOSED.get(fname)
-            if exposed is not None:
-                names.add(exposed)
-            continue
-        hit = parts.get(samples[0][0])
-        if hit is None or hit[0].exposed == _CACHE_CONFIG or (
-                hit[0].key is None and "model_name" not in samples[0][1]):
-            # unknown, target-level (cache_config_info, lora_requests_info) or _created of those
-            for name, labels, _value, _ts in samples:
-                if name.endswith("_created"):
-                    continue
-                if name == _CACHE_CONFIG:
-                    cache_rows.append(labels)
-                names.add(fname if fam.type in ("histogram", "summary") else name)
-                if "engine" in labels:
-                    has_engine_label = True
-            continue
-        last_model = None
-        acc: _Acc = None  # type: ignore[assignment]  # set on the first sample
-        slot_key = None
-        slot: list = [None, None, None]
-        for name, labels, value, _ts in samples:
-            hit = parts.get(name)
-            if hit is None:
-                continue  # an unknown sample inside a known family: ignore
-            m, part = hit
-            model = labels.get("model_name", "")
-            if model != last_model:
-                acc = models.get(model)
-                if acc is None:
-                    acc = models[model] = _Acc()
-                last_model = model
-                slot_key = None
-            engine = labels.get("engine")
-            if engine is not None:
-                if engine not in acc.engines:
-                    acc.engines.add(engine)
-                has_engine_label = True
-            if part == "b" or part == "s" or part == "n":
-                exposed = m.exposed
-                if slot_key is None or slot_key[0] is not exposed or slot_key[1] != engine:
-                    per_engine = acc.hists.get(exposed)
-                    if per_engine is None:
-                        per_engine = acc.hists[exposed] = {}
-                        names.add(exposed)
-                    slot = per_engine.get(engine)
-                    if slot is None:
-                        slot = per_engine[engine] = [{}, None, None]
-                    slot_key = (exposed, engine)
-                if part == "b":
-                    le = labels.get("le")
-                    if le is None:
-                        raise ParseError(f"{name}: bucket sample without an `le` label")
-                    buckets = slot[0]
-                    buckets[le] = buckets[le] + value if le in buckets else value
-                elif part == "s":
-                    slot[1] = (slot[1] or 0.0) + value
-                else:
-                    slot[2] = (slot[2] or 0.0) + value
-                continue
-            if part == "t":
-                if acc.created is None or value < acc.created:
-                    acc.created = value
-                continue
-            exposed = m.exposed
-            if part == "c":
-                counters = acc.counters
-                if exposed in counters:
-                    counters[exposed] += value
-                else:
-                    counters[exposed] = value
-                    names.add(exposed)
-                if exposed == _SUCCESS:
-                    reason = labels.get("finished_reason", "")
-                    acc.reasons[reason] = acc.reasons.get(reason, 0.0) + value
-                elif exposed == _PER_POS:
-                    pos = labels.get("position", "")
-                    acc.per_pos[pos] = acc.per_pos.get(pos, 0.0) + value
-            else:
-                gauges = acc.gauges
-                if exposed in gauges:
-                    gauges[exposed].append(value)
-                else:
-                    gauges[exposed] = [value]
-                    names.add(exposed)
+    families = list(families)
+    return _Plan.of(families).run([s[2] for f in families for s in f.samples], target, timestamp)
 
-    if not names and not models:
-        if ray:
-            raise NoVllmMetricsError(
-                "no vllm: metrics, only Ray-exported ray_vllm* copies: scrape the vLLM server's "
-                "own /metrics (Ray-sanitised names are not supported)")
-        raise NoVllmMetricsError("no vllm: metrics (is --disable-log-stats set, or is this not vLLM?)")
 
-    era = _detect_era(names, running_help, has_engine_label)
-    cache_config, notes = _cache_config(cache_rows)
-    if _CACHE_CONFIG not in names:
-        complete = False
-    # drop unlabeled per-model samples when real models exist (a foreign or edited exposition)
-    if "" in models and len(models) > 1:
-        del models[""]
-        notes.append("samples without model_name ignored")
-    if not models:
-        models[""] = _Acc()
+def _total(values: list, idx: tuple[int, ...]):
+    """values[i] summed in order, as `+=` from the first one does."""
+    t = values[idx[0]]
+    for i in idx[1:]:
+        t += values[i]
+    return t
 
-    snaps: list[Snapshot] = []
-    built = {model: _build_histograms(acc) for model, acc in models.items()}
-    for hists, _ in built.values():
-        if any(h.bounds and not math.isinf(h.bounds[-1]) for h in hists.values()):
-            complete = False
-    version = eras.guess_version(frozenset(names), era, frozenset(cache_config) if cache_rows else None,
-                                 complete)
-    version_str = str(version) or None
-    family_set = _shared(_FAMILY_SETS, frozenset(names), frozenset(names))
-    cache_config = _shared(_CONFIGS, tuple(cache_config.items()), cache_config)
-    for model, acc in models.items():
-        hists, hist_notes = built[model]
-        gauges: dict[str, float] = {}
+
+def _from_zero(values: list, idx: tuple[int, ...]):
+    """`(t or 0.0) + v` in order: the reasons', positions' and histogram sums' accumulation."""
+    t = None
+    for i in idx:
+        t = (t or 0.0) + values[i]
+    return t
+
+
+class _ModelPlan:
+    """Where one served model's canonical values come from."""
+
+    __slots__ = ("model", "engines", "gauges", "counters", "reasons", "per_pos", "hists", "created", "notes")
+
+    def __init__(self, model: str, acc: _Acc, hists: list, notes: tuple[str, ...]) -> None:
+        self.model = model
+        self.engines = max(1, len(acc.engines))
+        self.gauges: list[tuple[str, bool, tuple[int, ...]]] = []     # (key, max?, indices)
         for key in GAUGES:
             for exposed in _KEY_NAMES.get(key, ()):
-                vals = acc.gauges.get(exposed)
-                if vals:
-                    gauges[key] = max(vals) if key in _MAX_GAUGES else sum(vals)
+                idx = acc.gauges.get(exposed)
+                if idx:
+                    self.gauges.append((key, key in _MAX_GAUGES, tuple(idx)))
                     break
-        counters: dict[str, float] = {}
+        self.counters: list[tuple[str, tuple[int, ...]]] = []
         for key in COUNTERS:
             for exposed in _KEY_NAMES.get(key, ()):
                 if exposed in acc.counters:
-                    counters[key] = acc.counters[exposed]
+                    self.counters.append((key, tuple(acc.counters[exposed])))
                     break
-        per_pos = ()
-        if acc.per_pos:
-            try:
-                order = sorted(acc.per_pos, key=int)
-            except ValueError:
-                order = sorted(acc.per_pos)
-            per_pos = tuple(acc.per_pos[p] for p in order)
-        snaps.append(Snapshot(
-            target=target, model_name=model, timestamp=timestamp, engine_era=era,
-            engines=max(1, len(acc.engines)), gauges=gauges, counters=counters,
-            finished_by_reason=dict(acc.reasons), histograms=hists, cache_config=cache_config,
-            spec_accepted_per_pos=per_pos, start_time=acc.created, families=family_set,
-            version_guess=version_str, notes=tuple(notes + hist_notes)))
-    return snaps
+        self.reasons = tuple((r, tuple(idx)) for r, idx in acc.reasons.items())
+        try:
+            order = sorted(acc.per_pos, key=int)
+        except ValueError:
+            order = sorted(acc.per_pos)
+        self.per_pos = tuple(tuple(acc.per_pos[p]) for p in order)
+        self.hists = hists
+        self.created = tuple(acc.created)
+        self.notes = notes
+
+
+class _Plan:
+    """The canonical mapping of one exposition structure (families, names, labels): everything
+    `canonicalise` decides without looking at a value, so that a body of the same shape only
+    has its values routed (`run`). Raises ParseError/NotAnEngineError as canonicalise does."""
+
+    __slots__ = ("models", "era", "cache_config", "family_set", "version")
+
+    @classmethod
+    def of(cls, families: Iterable[Family]) -> "_Plan":
+        parts = _PARTS
+        models: dict[str, _Acc] = {}
+        names: set[str] = set()
+        cache_rows: list[dict[str, str]] = []
+        running_help = None
+        has_engine_label = False
+        complete = True
+        ray = False
+        k = 0                                 # index of the family's first sample in the values
+        for fam in families:
+            fname = fam.name
+            samples = fam.samples
+            first, k = k, k + len(samples)
+            if not fname.startswith("vllm:"):
+                ray = ray or fname.startswith("ray_vllm")
+                continue
+            if fname in eras.ROUTER_ONLY or (samples and eras.ROUTER_LABEL in samples[0][1]):
+                raise NotAnEngineError(
+                    "not a vLLM engine: looks like the production-stack router (it re-exports "
+                    f"vllm: metrics with a `server` label and router-only ones such as {fname}); "
+                    "scrape the engines behind it instead")
+            if fname == _RUNNING:
+                running_help = fam.documentation
+            if not samples:
+                exposed = _FAMILY_EXPOSED.get(fname)
+                if exposed is not None:
+                    names.add(exposed)
+                continue
+            hit = parts.get(samples[0][0])
+            if hit is None or hit[0].exposed == _CACHE_CONFIG or (
+                    hit[0].key is None and "model_name" not in samples[0][1]):
+                # unknown, target-level (cache_config_info, lora_requests_info) or _created of those
+                for name, labels, _value, _ts in samples:
+                    if name.endswith("_created"):
+                        continue
+                    if name == _CACHE_CONFIG:
+                        cache_rows.append(labels)
+                    names.add(fname if fam.type in ("histogram", "summary") else name)
+                    if "engine" in labels:
+                        has_engine_label = True
+                continue
+            last_model = None
+            acc: _Acc = None  # type: ignore[assignment]  # set on the first sample
+            slot_key = None
+            slot: list = [None, None, None]
+            for j, (name, labels, _value, _ts) in enumerate(samples, first):
+                hit = parts.get(name)
+                if hit is None:
+                    continue  # an unknown sample inside a known family: ignore
+                m, part = hit
+                model = labels.get("model_name", "")
+                if model != last_model:
+                    acc = models.get(model)
+                    if acc is None:
+                        acc = models[model] = _Acc()
+                    last_model = model
+                    slot_key = None
+                engine = labels.get("engine")
+                if engine is not None:
+                    acc.engines.add(engine)
+                    has_engine_label = True
+                if part == "b" or part == "s" or part == "n":
+                    exposed = m.exposed
+                    if slot_key is None or slot_key[0] is not exposed or slot_key[1] != engine:
+                        per_engine = acc.hists.get(exposed)
+                        if per_engine is None:
+                            per_engine = acc.hists[exposed] = {}
+                            names.add(exposed)
+                        slot = per_engine.get(engine)
+                        if slot is None:
+                            slot = per_engine[engine] = [{}, [], []]
+                        slot_key = (exposed, engine)
+                    if part == "b":
+                        le = labels.get("le")
+                        if le is None:
+                            raise ParseError(f"{name}: bucket sample without an `le` label")
+                        slot[0].setdefault(le, []).append(j)
+                    else:
+                        slot[1 if part == "s" else 2].append(j)
+                    continue
+                if part == "t":
+                    acc.created.append(j)
+                    continue
+                exposed = m.exposed
+                if part == "c":
+                    counters = acc.counters
+                    if exposed in counters:
+                        counters[exposed].append(j)
+                    else:
+                        counters[exposed] = [j]
+                        names.add(exposed)
+                    if exposed == _SUCCESS:
+                        acc.reasons.setdefault(labels.get("finished_reason", ""), []).append(j)
+                    elif exposed == _PER_POS:
+                        acc.per_pos.setdefault(labels.get("position", ""), []).append(j)
+                else:
+                    gauges = acc.gauges
+                    if exposed in gauges:
+                        gauges[exposed].append(j)
+                    else:
+                        gauges[exposed] = [j]
+                        names.add(exposed)
+
+        if not names and not models:
+            if ray:
+                raise NoVllmMetricsError(
+                    "no vllm: metrics, only Ray-exported ray_vllm* copies: scrape the vLLM server's "
+                    "own /metrics (Ray-sanitised names are not supported)")
+            raise NoVllmMetricsError("no vllm: metrics (is --disable-log-stats set, or is this not vLLM?)")
+
+        plan = cls()
+        plan.era = _detect_era(names, running_help, has_engine_label)
+        cache_config, notes = _cache_config(cache_rows)
+        if _CACHE_CONFIG not in names:
+            complete = False
+        # drop unlabeled per-model samples when real models exist (a foreign or edited exposition)
+        if "" in models and len(models) > 1:
+            del models[""]
+            notes.append("samples without model_name ignored")
+        if not models:
+            models[""] = _Acc()
+        built = {model: _plan_histograms(acc) for model, acc in models.items()}
+        for hists, _ in built.values():
+            if any(h[1] and not math.isinf(h[1][-1]) for h in hists):
+                complete = False
+        version = eras.guess_version(frozenset(names), plan.era,
+                                     frozenset(cache_config) if cache_rows else None, complete)
+        plan.version = str(version) or None
+        plan.family_set = _shared(_FAMILY_SETS, frozenset(names), frozenset(names))
+        plan.cache_config = _shared(_CONFIGS, tuple(cache_config.items()), cache_config)
+        plan.models = tuple(_ModelPlan(model, acc, built[model][0], tuple(notes + built[model][1]))
+                            for model, acc in models.items())
+        return plan
+
+    def run(self, values: list, target: str, timestamp: float) -> list[Snapshot]:
+        snaps: list[Snapshot] = []
+        for mp in self.models:
+            gauges: dict[str, float] = {}
+            for key, use_max, idx in mp.gauges:
+                if len(idx) == 1:
+                    gauges[key] = values[idx[0]]
+                else:
+                    vals = [values[i] for i in idx]
+                    gauges[key] = max(vals) if use_max else sum(vals)
+            counters = {key: values[idx[0]] if len(idx) == 1 else _total(values, idx)
+                        for key, idx in mp.counters}
+            created = None
+            for i in mp.created:
+                v = values[i]
+                if created is None or v < created:
+                    created = v
+            histograms: dict[str, Histogram] = {}
+            for key, bounds, get_counts, engines, has_inf in mp.hists:
+                if get_counts is not None:           # one engine: the counts in bound order
+                    counts = get_counts(values) if bounds else ()
+                else:
+                    per_engine = [tuple([_total(values, le) for le in e[0]]) for e in engines]
+                    counts = tuple(map(sum, zip(*per_engine))) if bounds else ()
+                total_sum = sum(_from_zero(values, e[1]) or 0.0 for e in engines)
+                counted = [_from_zero(values, e[2]) for e in engines if e[2]]
+                count = sum(counted) if counted else (counts[-1] if has_inf else 0.0)
+                histograms[key] = Histogram(bounds, counts, total_sum, count)
+            snaps.append(Snapshot(
+                target=target, model_name=mp.model, timestamp=timestamp, engine_era=self.era,
+                engines=mp.engines, gauges=gauges, counters=counters,
+                finished_by_reason={r: _from_zero(values, idx) for r, idx in mp.reasons},
+                histograms=histograms, cache_config=self.cache_config,
+                spec_accepted_per_pos=tuple(_from_zero(values, idx) for idx in mp.per_pos),
+                start_time=created, families=self.family_set, version_guess=self.version,
+                notes=mp.notes))
+        return snaps
 
 
 def _detect_era(names: set[str], running_help: str | None, has_engine_label: bool) -> str:
@@ -362,35 +440,48 @@ def _is_float(text: str) -> bool:
         return False
 
 
-def _build_histograms(acc: _Acc) -> tuple[dict[str, Histogram], list[str]]:
+def _plan_histograms(acc: _Acc) -> tuple[list[tuple], list[str]]:
+    """Per canonical histogram key: (key, bounds, counts getter for one engine or None,
+    per-engine ([index lists per bound], sum indices, count indices), last bound is +Inf)."""
     own: list[str] = []
-    built: dict[str, Histogram] = {}
+    built: dict[str, tuple] = {}
     for exposed, per_engine in acc.hists.items():
         layouts = set()
-        engines: list[tuple[tuple[float, ...], tuple[float, ...], float | None, float | None]] = []
+        engines = []
         for slot in per_engine.values():
             buckets = slot[0]
             bounds, order = _layout(tuple(buckets))
             layouts.add(bounds)
-            engines.append((bounds, tuple([buckets[le] for le in order]), slot[1], slot[2]))
+            engines.append((bounds, tuple(tuple(buckets[le]) for le in order), tuple(slot[1]), tuple(slot[2])))
         if len(layouts) > 1:
             own.append(f"{exposed}: bucket layouts differ across engines; not summed")
             continue
         bounds = engines[0][0]
+        get_counts = None
         if len(engines) == 1:
-            counts = engines[0][1]
-        else:
-            counts = tuple(map(sum, zip(*(e[1] for e in engines)))) if bounds else ()
-        total_sum = sum(e[2] or 0.0 for e in engines)
-        counted = [e[3] for e in engines if e[3] is not None]
-        count = sum(counted) if counted else (counts[-1] if bounds and math.isinf(bounds[-1]) else 0.0)
-        if bounds and not math.isinf(bounds[-1]):
+            single = engines[0][1]
+            if all(len(idx) == 1 for idx in single):
+                get_counts = _getter([idx[0] for idx in single])
+            else:
+                get_counts = lambda values, single=single: tuple([_total(values, idx) for idx in single])
+        has_inf = bool(bounds) and math.isinf(bounds[-1])
+        if bounds and not has_inf:
             own.append(f"{exposed}: no +Inf bucket (truncated exposition?)")
-        built[exposed] = Histogram(bounds, counts, total_sum, count)
-    result: dict[str, Histogram] = {}
+        built[exposed] = (bounds, get_counts, tuple((e[1], e[2], e[3]) for e in engines), has_inf)
+    result: list[tuple] = []
     for key in HISTOGRAMS:
         for exposed in _KEY_NAMES.get(key, ()):
             if exposed in built:
-                result[key] = built[exposed]
+                result.append((key,) + built[exposed])
                 break
     return result, own
+
+
+def _getter(indices: list[int]):
+    """values -> tuple of values[i] for i in indices (always a tuple)."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    if not indices:
+        return lambda values: ()
+    i = indices[0]
+    return lambda values: (values[i],)

@@ -15,6 +15,13 @@ proves it), but
   `Reader`: a daemon reads the same series from the same target every cycle, so on the second
   scrape a line costs a dict lookup plus `float()`. Cached label dicts are shared between
   results: treat them as read-only.
+* a payload whose *shape* was seen before (every line the same but for sample values, which is
+  what a target sends scrape after scrape) is not parsed line by line again: the shape's
+  result is replayed with the new values (`_Shape`). The shape is the text of every line up to
+  its last space; what the values may be is checked (anything a full parse would read
+  differently falls back to it), so the result is the same as a full parse - tested by
+  mutating the values of parsed payloads, garbage included. Shapes are cached per `Reader`
+  (at most `max_shapes`, dropped with the other caches).
 * bytes or str: bytes are decoded once (about 2 us for a 50 KB payload) and parsed as str;
   label values must end up as str anyway, and str keys make the caches one lookup per line
   (`benchmarks/parse_speed.py` shows both inputs).
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import re
 import sys
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
@@ -286,10 +294,11 @@ class Reader:
     """
 
     __slots__ = ("prefixes", "names_only", "max_heads", "max_labelsets", "refresh_every", "_calls",
-                 "_heads", "_labelsets", "_names", "_comments", "_values")
+                 "_heads", "_labelsets", "_names", "_comments", "_values", "max_shapes", "_shapes")
 
     def __init__(self, prefixes: Iterable[str] | None = ("vllm:",), *, names_only: Iterable[str] = (),
-                 max_heads: int = 50_000, max_labelsets: int = 50_000, refresh_every: int = 200_000):
+                 max_heads: int = 50_000, max_labelsets: int = 50_000, refresh_every: int = 200_000,
+                 max_shapes: int = 128):
         self.prefixes: tuple[str, ...] | None = tuple(prefixes) if prefixes is not None else None
         # families (by the name on their HELP/TYPE line) returned without their samples: the
         # caller only needs to know they exist
@@ -303,8 +312,11 @@ class Reader:
         self._names: set[str] = set()
         self._comments: dict[str, tuple] = {}
         self._values: dict[str, float] = {}  # value texts after a head: " 0.0" -> 0.0
+        self.max_shapes = max_shapes
+        self._shapes: dict[tuple[str, ...], _Shape | None] = {}   # line heads -> shape (None: not replayable)
 
     def clear_cache(self) -> None:
+        self._shapes.clear()
         self._heads.clear()
         self._labelsets.clear()
         self._names.clear()
@@ -314,19 +326,48 @@ class Reader:
     def cache_sizes(self) -> dict[str, int]:
         return {"heads": len(self._heads), "labelsets": len(self._labelsets),
                 "names": len(self._names), "comments": len(self._comments),
-                "values": len(self._values)}
+                "values": len(self._values), "shapes": len(self._shapes)}
 
     def _wanted(self, name: str) -> bool:
         return self.prefixes is None or name.startswith(self.prefixes)
 
     def parse(self, payload: str | bytes | bytearray | memoryview) -> list[Family]:
         """Families (in exposition order) whose name starts with one of the prefixes."""
+        families, shape, values = self.parse_shaped(payload)
+        return families if families is not None else shape.families(values)
+
+    def parse_shaped(self, payload: str | bytes | bytearray | memoryview
+                     ) -> tuple[list[Family] | None, "_Shape | None", list | None]:
+        """(families, shape, values). `shape` is the payload's shape when it can be replayed
+        (else None, and `families` is the parse); `values` its sample values, families in order
+        then samples in order. `families` is None when the shape was replayed: callers that keep
+        what they derive from a shape's structure in `shape.memo` need only the values;
+        `shape.families(values)` builds the families."""
         text = decode_payload(payload)
         self._calls += 1
         if self._calls >= self.refresh_every:
             self._calls = 0
             self.clear_cache()
-        return self._parse(text)
+        lines = text.split("\n")
+        if not self.max_shapes:
+            return self._parse(lines), None, None
+        heads, _, tokens = zip(*[line.rpartition(" ") for line in lines])
+        shapes = self._shapes
+        shape = shapes.get(heads, _IGNORE)
+        if shape is not _IGNORE:
+            if shape is not None:
+                values = shape.values(tokens, self._values, self.max_labelsets)
+                if values is not None:
+                    return None, shape, values
+            return self._parse(lines), None, None
+        record: list[int] = []
+        out = self._parse(lines, record)
+        shape = None
+        if len(shapes) < self.max_shapes:
+            shape = shapes[heads] = _Shape.of(out, record, lines, tokens)
+        if shape is None:
+            return out, None, None
+        return out, shape, [s[2] for f in out for s in f.samples]
 
     def _comment(self, line: str) -> tuple:
         """(kind, name, text, wanted, full, allowed, skip_brace, skip_blank) for HELP/TYPE lines;
@@ -360,7 +401,9 @@ class Reader:
         skip_blank = tuple([a + c for a in allowed if a for c in " \t"])
         return (kind, name, doc, wanted, full, allowed, skip_brace, skip_blank)
 
-    def _parse(self, text: str) -> list[Family]:
+    def _parse(self, lines: list[str], record: list[int] | None = None) -> list[Family]:
+        """Parse the lines. `record` (when given) gets, in order, the 0-based index of each
+        sample line kept, and -1 - index of each line skipped as a sample of an unwanted family."""
         heads = self._heads
         comments = self._comments
         values = self._values
@@ -395,7 +438,7 @@ class Reader:
             out.append(Family(fam_name, fam_type, documentation, fam_samples))
 
         try:
-            for lineno, line in enumerate(text.split("\n"), 1):
+            for lineno, line in enumerate(lines, 1):
                 line = line.strip()
                 if not line:
                     continue
@@ -426,8 +469,12 @@ class Reader:
                             sample = self._sample(line)
                         if sample[0] in allowed:
                             samples.append(sample)
+                            if record is not None:
+                                record.append(lineno - 1)
                             continue
                     elif line.startswith(skip_brace) or (line.startswith(skip_blank) and "{" not in line):
+                        if record is not None:
+                            record.append(-lineno)
                         continue  # a sample of a family we skip
                     else:
                         sname = self._sample_name(line)
@@ -444,6 +491,8 @@ class Reader:
                     allowed = skip_brace = skip_blank = ()
                     if sample is not None and self._wanted(sample[0]):
                         out.append(Family(sample[0], "unknown", "", [sample]))
+                        if record is not None:
+                            record.append(lineno - 1)
                     continue
                 # ---- a comment line
                 c = comments.get(line)
@@ -525,6 +574,105 @@ class Reader:
                     self._heads[line[:i + 1]] = (sname, labels)
                 return _new_sample(Sample, (sname, labels, value, ts))
         return _parse_sample_slow(line)
+
+
+def _getter(indices: list[int]):
+    """A function picking `indices` out of a sequence, always as a tuple."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    if indices:
+        i = indices[0]
+        return lambda seq: (seq[i],)
+    return lambda seq: ()
+
+
+def _plain_value(token: str) -> float:
+    """A sample value as the full parse reads `name{...} token`; ValueError when it is not one."""
+    if (token[:1] in _FLOAT_START and "_" not in token and not token.isdecimal()
+            and token.strip(_WS) == token):
+        return float(token)
+    value, ts = _value_and_timestamp(" " + token)
+    if ts is not None or not token or token.strip(_WS) != token:
+        raise ValueError(token)
+    return value
+
+
+class _Shape:
+    """What a full parse made of a payload, replayable with another payload's sample values.
+
+    Lines are split at their last space into a head and a token. Two payloads have one shape
+    when every head is the same. Given that, the full parse does the same thing with every line
+    (the head is all it looks at to decide) except where a token matters:
+    * sample lines kept: the token is the value (read as the full parse reads it; anything
+      else - a timestamp, garbage, whitespace - is not replayed);
+    * lines skipped as samples of unwanted families: any token without `{` (with one, the
+      skip test reads the line differently);
+    * every other line (comments, blank lines, samples read to decide they end a family):
+      the token must be the one seen.
+    """
+
+    __slots__ = ("layout", "values_of", "skipped_of", "others_of", "others", "memo")
+
+    def __init__(self, layout, values_of, skipped_of, others_of, others) -> None:
+        self.layout = layout            # (name, type, documentation, first, end, ((name, labels) per sample))
+        self.values_of = values_of      # tokens -> value tokens of the samples
+        self.skipped_of = skipped_of    # tokens -> tokens of skipped lines
+        self.others_of = others_of      # tokens -> tokens of every other line
+        self.others = others
+        self.memo = None                # what the Reader's owner derives from this structure
+
+    @classmethod
+    def of(cls, out: list[Family], record: list[int], lines: list[str], tokens: tuple[str, ...]) -> "_Shape | None":
+        kept = [i for i in record if i >= 0]
+        skipped = [-1 - i for i in record if i < 0]
+        samples = [s for f in out for s in f.samples]
+        if len(kept) != len(samples):
+            return None
+        for i, s in zip(kept, samples):
+            line = lines[i]
+            if s[3] is not None or " " not in line or line.strip() != line:
+                return None
+            try:
+                v = _plain_value(tokens[i])
+            except ValueError:
+                return None
+            if not (v == s[2] or (v != v and s[2] != s[2])):
+                return None
+        if any("{" in tokens[i] for i in skipped):
+            return None
+        fixed = set(kept).union(skipped)
+        others = [i for i in range(len(lines)) if i not in fixed]
+        layout, first = [], 0
+        for f in out:
+            n = len(f.samples)
+            layout.append((f.name, f.type, f.documentation, first, first + n, tuple((s[0], s[1]) for s in f.samples)))
+            first += n
+        others_of = _getter(others)
+        return cls(tuple(layout), _getter(kept), _getter(skipped), others_of, others_of(tokens))
+
+    def values(self, tokens: tuple[str, ...], cache: dict[str, float], cap: int) -> list | None:
+        """The sample values of a payload of this shape, as a full parse reads them; None when
+        a full parse is needed (a token it would read differently)."""
+        if self.others_of(tokens) != self.others or "{" in "".join(self.skipped_of(tokens)):
+            return None
+        raw = self.values_of(tokens)
+        get = cache.get
+        values = [get(" " + t) for t in raw]
+        if None in values:
+            for k, t in enumerate(raw):
+                if values[k] is None:
+                    try:
+                        values[k] = v = _plain_value(t)
+                    except ValueError:
+                        return None
+                    if len(cache) < cap:
+                        cache[" " + t] = v
+        return values
+
+    def families(self, values: list) -> list[Family]:
+        new = _new_sample
+        return [Family(name, typ, doc, [new(Sample, (h[0], h[1], v, None)) for h, v in zip(heads, values[a:b])])
+                for name, typ, doc, a, b, heads in self.layout]
 
 
 _DEFAULT = Reader()

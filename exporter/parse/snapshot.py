@@ -7,10 +7,13 @@ names: the mapping from every vLLM era's names to the canonical keys below lives
 from __future__ import annotations
 
 import math
+from operator import sub
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from exporter.parse.cache_config import CacheConfig, read_cache_config
+
+_NEGATIVE = (0.0).__gt__   # c -> c < 0 for int and float counts (False for NaN, as the comparison is)
 
 # Canonical keys. Gauges are instantaneous values (summed over data-parallel engines, except
 # kv_cache_usage which is the max); counters are monotonic totals summed over engines.
@@ -63,8 +66,8 @@ class Histogram:
         changed or a count went down (a reset): the caller then starts afresh."""
         if earlier.bounds != self.bounds:
             return None
-        counts = tuple(a - b for a, b in zip(self.counts, earlier.counts))
-        if any(c < 0 for c in counts) or self.count < earlier.count:
+        counts = tuple(map(sub, self.counts, earlier.counts))
+        if any(map(_NEGATIVE, counts)) or self.count < earlier.count:
             return None
         return Histogram(self.bounds, counts, self.sum - earlier.sum, self.count - earlier.count)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from exporter.parse.snapshot import Histogram, Snapshot
@@ -275,19 +276,58 @@ BASELINE_HISTOGRAMS = frozenset(("ttft_seconds", "itl_seconds", "tpot_seconds", 
                                  "iteration_tokens", "max_tokens_param"))
 
 
+class PackedHistograms(Mapping):
+    """A baseline's histograms in one `array('d')`: each histogram's counts, then its sum and
+    count, at offsets a layout shared by every baseline of the same shape gives. Read-only;
+    a `Histogram` is made on access (a baseline is read once per evaluation)."""
+
+    __slots__ = ("_layout", "_data")
+
+    def __init__(self, layout: dict[str, tuple[tuple[float, ...], int, int]], data: array) -> None:
+        self._layout = layout       # key -> (bounds, offset, number of counts)
+        self._data = data
+
+    def __getitem__(self, key: str) -> Histogram:
+        bounds, off, n = self._layout[key]
+        d = self._data
+        return Histogram(bounds, d[off:off + n], d[off + n], d[off + n + 1])
+
+    def __iter__(self):
+        return iter(self._layout)
+
+    def __len__(self) -> int:
+        return len(self._layout)
+
+
+_LAYOUTS: dict[tuple, dict[str, tuple[tuple[float, ...], int, int]]] = {}
+
+
 def _compact(snap: Snapshot) -> Snapshot:
-    """The same snapshot with each histogram's counts in an `array('d')` (8 bytes a count)
-    instead of a tuple of float objects (8 + 24), and only the histograms a baseline is read
-    for (BASELINE_HISTOGRAMS: a quarter of vLLM's are never differenced): a window's baselines
-    are most of a target's memory at 10,000 targets (docs/scaling.md). Read-only like the
-    original; every Histogram method works on either."""
+    """The same snapshot with only the histograms a baseline is read for (BASELINE_HISTOGRAMS:
+    a quarter of vLLM's are never differenced) packed into one `array('d')` (8 bytes a number)
+    instead of Histogram objects holding tuples of float objects (~32 bytes a number plus
+    ~250 bytes of objects per histogram): a window's baselines are most of a target's memory
+    at 10,000 targets (docs/scaling.md). Read-only like the original."""
     hists = snap.histograms
-    if not hists or (all(type(h.counts) is array for h in hists.values())
-                     and BASELINE_HISTOGRAMS.issuperset(hists)):
+    if not hists or type(hists) is PackedHistograms:
         return snap
-    packed = {k: Histogram(h.bounds, array("d", h.counts), h.sum, h.count) for k, h in hists.items()
-              if k in BASELINE_HISTOGRAMS}
-    return replace(snap, histograms=packed)
+    kept = [(k, h) for k, h in hists.items() if k in BASELINE_HISTOGRAMS]
+    shape = tuple((k, h.bounds, len(h.counts)) for k, h in kept)
+    layout = _LAYOUTS.get(shape)
+    if layout is None:
+        layout, off = {}, 0
+        for k, bounds, n in shape:
+            layout[k] = (bounds, off, n)
+            off += n + 2
+        if len(_LAYOUTS) > 4096:
+            _LAYOUTS.clear()
+        _LAYOUTS[shape] = layout
+    data = array("d")
+    for _k, h in kept:
+        data.extend(h.counts)
+        data.append(h.sum)
+        data.append(h.count)
+    return replace(snap, histograms=PackedHistograms(layout, data))
 
 
 def is_reset(prev: Snapshot, cur: Snapshot) -> bool:

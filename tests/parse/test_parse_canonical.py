@@ -356,3 +356,51 @@ def test_refusals_carry_their_scrape_error_reason():
         with pytest.raises(ParseError) as info:
             parse_vllm(body, target="t", timestamp=0)
         assert info.value.reason == reason, body
+
+
+def _moved(text: str, rng) -> str:
+    """The same exposition with every numeric sample value changed (a later scrape)."""
+    out = []
+    for line in text.split("\n"):
+        head, sep, token = line.rpartition(" ")
+        if sep and not line.startswith("#"):
+            try:
+                value = float(token)
+            except ValueError:
+                out.append(line)
+                continue
+            if math.isfinite(value):
+                token = repr(round(value * rng.choice((0, 1, 1.5, 3)) + rng.randint(0, 40), 3))
+            out.append(head + " " + token)
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def test_a_seen_shape_replays_to_the_same_snapshots_as_a_fresh_reading():
+    """parse_vllm keeps the canonical mapping of an exposition's shape and only routes the next
+    scrape's values through it: the snapshots equal those of a reading without the shape cache,
+    for every capture and era, data-parallel engines included."""
+    import random
+
+    from exporter.parse.canonical import Reader, READER, canonicalise
+
+    rng = random.Random(7)
+    paths = sorted(PROM.glob("*.prom")) + sorted(VLLM_CPU.glob("*.prom"))
+    if not paths:
+        pytest.skip(f"no captures under {PROM} or {VLLM_CPU}")
+    texts = [p.read_text(encoding="utf-8") for p in paths] + [TWO_ENGINES]
+    plain = Reader(READER.prefixes, names_only=READER.names_only, max_shapes=0)
+    reader = Reader(READER.prefixes, names_only=READER.names_only)
+    replayed = 0
+    for text in texts:
+        try:
+            parse_vllm(text, target="t", timestamp=1.0, reader=reader)
+        except ParseError:
+            continue
+        for k in range(3):
+            moved = _moved(text, rng)
+            fresh = canonicalise(plain.parse(moved), target="t", timestamp=2.0 + k)
+            assert parse_vllm(moved, target="t", timestamp=2.0 + k, reader=reader) == fresh
+            replayed += 1
+    assert replayed >= 3 * len(paths) and reader.cache_sizes()["shapes"] >= len(paths) // 2

@@ -28,7 +28,7 @@ def normalise(families) -> list:
     aware, labels as sorted pairs."""
     return [
         (f.name, f.type, f.documentation,
-         [(s[0], sorted(s[1].items()), _norm_value(s[2]), s[3]) for s in f.samples])
+         [(s[0], sorted(s[1].items()), _norm_value(s[2]), _norm_value(s[3])) for s in f.samples])
         for f in families
     ]
 
@@ -285,3 +285,62 @@ def test_one_reader_across_many_payloads_stays_identical(text):
         got = None
     if expected is not None:
         assert got == expected
+
+
+# A token that may replace the last space-separated token of a line: values, values that read
+# differently (ints, signs, timestamps glued on), and garbage that a full parse refuses or that
+# changes how a line is read (`{`, quotes, whitespace, nothing).
+TOKENS = st.one_of(VALUES, st.sampled_from(["5", "+5", "-0", "1_0", "1e3", "NaN", "+Inf", "abc", "1{",
+                                            '"', "}", "", "\t", "1\r", "# x", "0x10", "1 2"]))
+
+
+def _verdict(reader: Reader, text: str):
+    try:
+        return normalise(reader.parse(text))
+    except ParseError:
+        return "refused"
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=expositions(), prefixes=st.sampled_from([None, ("vllm:",), ("vllm:a",)]),
+       changes=st.lists(st.tuples(st.integers(0, 60), TOKENS), max_size=6))
+def test_a_seen_shape_with_new_values_reads_as_a_full_parse(text, prefixes, changes):
+    """The shape cache replays a payload seen before with the new payload's values: whatever
+    the new tokens are, the result (or the refusal) is the full parse's."""
+    reader = Reader(prefixes)
+    if _verdict(reader, text) == "refused":
+        return
+    lines = text.split("\n")
+    for where, token in changes:
+        i = where % len(lines)
+        head, sep, _ = lines[i].rpartition(" ")
+        if sep:
+            lines[i] = head + " " + token
+    mutated = "\n".join(lines)
+    assert _verdict(reader, mutated) == _verdict(Reader(prefixes, max_shapes=0), mutated)
+    assert _verdict(reader, mutated) == _verdict(Reader(prefixes, max_shapes=0), mutated)  # replayed twice
+
+
+def test_real_captures_replayed_with_new_values():
+    """A target's next scrape: same lines, counters moved. The replay reads it as a full parse
+    does, and a shape is kept per distinct payload shape."""
+    reader = Reader(("vllm:",))
+    for path in captures():
+        text = path.read_text(encoding="utf-8")
+        reader.parse(text)
+        moved = "\n".join(h + " " + (str(float(t) * 3 + 1) if t.replace(".", "", 1).isdigit() else t)
+                          if s else h for h, s, t in (line.rpartition(" ") for line in text.split("\n")))
+        assert normalise(reader.parse(moved)) == normalise(Reader(("vllm:",), max_shapes=0).parse(moved)), path.name
+        assert normalise(reader.parse(moved)) == normalise(stock(moved, ("vllm:",))), path.name
+    assert 0 < reader.cache_sizes()["shapes"] <= len(captures())
+
+
+@pytest.mark.parametrize("token", ["1{", "{", '{a="b"}', "1}", "7"])
+def test_replay_of_a_skipped_family_line_reads_its_token_as_a_full_parse(token):
+    # a `{` after the name makes the full parse read a skipped family's line (and refuse it)
+    text = "# TYPE other_x gauge\nother_x 1\n# TYPE vllm:a gauge\nvllm:a 2\n"
+    reader = Reader(("vllm:",))
+    reader.parse(text)
+    mutated = text.replace("other_x 1", "other_x " + token)
+    assert _verdict(reader, mutated) == _verdict(Reader(("vllm:",), max_shapes=0), mutated)
+    assert reader.cache_sizes()["shapes"] == 1

@@ -1,5 +1,5 @@
-"""A window's baselines keep their bucket counts in flat arrays: the summary (rates, quantiles),
-the snapshots handed out and the state file are the same as with the parsed tuples."""
+"""A window's baselines keep their histograms packed in one flat array each: the summary (rates,
+quantiles), the snapshots handed out and the state file are the same as with the parsed tuples."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +24,9 @@ def test_compact_baselines_give_the_same_summary_and_state():
     kept = w.snapshots()
     baselines = kept[:-1]
     assert baselines and all(type(h.counts) is array for s in baselines for h in s.histograms.values())
+    from exporter.window.window import PackedHistograms
+    assert all(type(s.histograms) is PackedHistograms for s in baselines)
+    assert len({id(s.histograms._layout) for s in baselines}) == 1      # one layout shared by all
     assert kept[-1] is snaps[-1]                       # the newest is the parsed object itself
     # the same summary as a window whose snapshots are never compacted: rebuild the baseline
     # from the parsed snapshot with the same timestamp
