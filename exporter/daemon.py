@@ -494,6 +494,7 @@ class Daemon:
             "models_per_target": (MAX_MODELS_PER_TARGET, None),
             "parser_sample_heads": (READER.max_heads, parser["heads"]),
             "parser_label_sets": (READER.max_labelsets, parser["labelsets"]),
+            "parser_shapes": (READER.max_shapes, parser["shapes"]),
             "render_sample_heads": self.exposition.head_cache(),
         }
 

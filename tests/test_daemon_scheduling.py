@@ -5,6 +5,7 @@ pass yields to the event loop, and the memory caps are exported."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import loopback
 
@@ -51,4 +52,7 @@ def test_only_changed_windows_are_evaluated_and_caps_are_exported(captures):
         text = d.exposition.render().decode()
     assert 'vllm_drift_memory_cap{cap="models_per_target"} 64.0' in text
     assert 'vllm_drift_memory_cap_used{cap="parser_sample_heads"}' in text
+    assert 'vllm_drift_memory_cap{cap="parser_shapes"} 128.0' in text
+    used = re.search(r'vllm_drift_memory_cap_used\{cap="parser_shapes"\} (\S+)', text)
+    assert used and 1 <= float(used.group(1)) <= 128          # this body's shape at least (the reader is shared)
     assert f'vllm_drift_finding_score{{target="{site.url}"' in text or "vllm_drift_evaluation_status{" in text
