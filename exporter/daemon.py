@@ -105,6 +105,7 @@ class Daemon:
         self.discovery: Discovery = self._make_discovery(cfg)
         self.scraper = self._make_scraper(cfg)
         self.state_store: StateStore | None = StateStore(cfg.state_dir) if cfg.state_dir else None
+        self._saving = False           # a spread save is under way (save_state_spread)
         self.pipelines = Pipelines(cfg)
         self.pipelines.on_state_error = self._state_error
         self.targets: dict[str, TargetState] = {}
@@ -433,16 +434,18 @@ class Daemon:
                 await asyncio.sleep(0)
             if self._stop.is_set():
                 pause = 0.0      # stopping: finish the pass without pauses
-        self._evaluated(start)
+        self._evaluated(start, save=False)
+        await self.save_state_spread()
 
-    def _evaluated(self, start: float) -> None:
+    def _evaluated(self, start: float, *, save: bool = True) -> None:
         self.evaluations += 1
         self.last_evaluation = time.time()
         self.evaluation_duration = time.perf_counter() - start
         self.narrator.summary((r for st in self.targets.values() for r in st.reports.values()),
                               len(self.targets), self.evaluation_duration)
         self.ready = True
-        self.save_state()
+        if save:
+            self.save_state()
         self.publish()
 
     # ----------------------------------------------------------------- publish
@@ -693,19 +696,41 @@ class Daemon:
             self.pipelines.restored_windows.clear()
 
     def save_state(self, force: bool = False) -> None:
+        """Save now (`force`: whatever the interval; shutdown does)."""
+        steps = self._save_steps(force)
+        if steps is not None:
+            for _ in steps:
+                pass
+
+    async def save_state_spread(self) -> None:
+        """A routine save in steps of 200 windows, yielding to the event loop between them:
+        scrapes and `/metrics` answers go on while 10,000 windows are written (~1 s of
+        encoding in all)."""
+        steps = self._save_steps(False)
+        if steps is None:
+            return
+        self._saving = True
+        try:
+            for _ in steps:
+                await asyncio.sleep(0)
+        finally:
+            steps.close()          # a cancelled save removes its temp file
+            self._saving = False
+
+    def _save_steps(self, force: bool):
         store = self.state_store
-        if store is None:
-            return
-        # the state document is encoded in one call holding the GIL (~0.1 s per 1,000 targets
-        # with full windows): at scale, save less often (at most ~1 % of the time paused)
-        every = max(self.STATE_SAVE_MIN_INTERVAL, 0.03 * len(self.targets))
+        if store is None or (self._saving and not force):
+            return None
+        # encoding costs ~0.1 s per 1,000 targets with full windows (spread, not one pause):
+        # at scale, save less often, at most ~1 % of a core
+        every = max(self.STATE_SAVE_MIN_INTERVAL, 0.01 * len(self.targets))
         if not force and store.last_save is not None and time.time() - store.last_save < every:
-            return
+            return None
         # Windows restored at start-up wait for their target's first good scrape; a save before
         # then (a slow first cycle, a target still down) must carry them over, not drop them.
-        store.save(self.pipelines.to_state(
-            (p for st in self.targets.values() for p in st.pipelines.values()),
-            keep_restored=lambda url: self.cycles == 0 or url in self.targets))
+        return store.saving(self.pipelines.to_state(
+            [p for st in self.targets.values() for p in st.pipelines.values()],
+            keep_restored=lambda url: self.cycles == 0 or url in self.targets, streamed=True))
 
     def _state_error(self, operation: str, message: str) -> None:
         if self.state_store is not None:

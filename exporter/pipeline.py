@@ -27,6 +27,7 @@ import structlog
 from exporter.config import Config, TargetSpec
 from exporter.drift.calibration import FleetCalibration
 from exporter.drift.engine import DriftEngine, Judgement
+from exporter.drift.state import Streamed
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.drift.observe import build_input
 from exporter.drift.predict import Identity, identify, predict_for, setup_for, slo_of
@@ -93,14 +94,21 @@ class Pipelines:
 
     # ------------------------------------------------------------------ state
     def to_state(self, pipelines: Iterable["TargetPipeline"], *,
-                 keep_restored: Callable[[str], bool] | None = None) -> dict[str, Any]:
+                 keep_restored: Callable[[str], bool] | None = None, streamed: bool = False) -> dict[str, Any]:
         """The state file's document. `keep_restored(url) -> bool`: which windows restored at
-        start-up and not yet claimed by a first good scrape to carry over."""
-        windows = {f"{p.spec.url}|{p.model_name}": window_to_dict(p.window) for p in pipelines}
-        for (url, model), saved in self.restored_windows.items():
-            if keep_restored is None or keep_restored(url):
-                windows.setdefault(f"{url}|{model}", saved)
-        return {"evaluator": self.engine.to_dict(), "windows": windows,
+        start-up and not yet claimed by a first good scrape to carry over. `streamed`: the
+        windows as a `Streamed` object whose documents are made as `StateStore` writes them."""
+        pipelines = list(pipelines)
+        live = {f"{p.spec.url}|{p.model_name}" for p in pipelines}
+        restored = [(f"{url}|{model}", saved) for (url, model), saved in list(self.restored_windows.items())
+                    if (keep_restored is None or keep_restored(url)) and f"{url}|{model}" not in live]
+
+        def windows():     # each window's document made when it is written (StateStore.saving)
+            for p in pipelines:
+                yield f"{p.spec.url}|{p.model_name}", window_to_dict(p.window)
+            yield from restored
+        return {"evaluator": self.engine.to_dict(),
+                "windows": Streamed(windows()) if streamed else dict(windows()),
                 "calibration": self.calibration.to_dict()}
 
     def restore(self, doc: Mapping[str, Any]) -> tuple[int, int]:

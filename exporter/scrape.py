@@ -86,7 +86,7 @@ class Scraper:
     aiohttp and not httpx: at 1,000 targets a profile put 31 % of the daemon's CPU in httpx and
     httpcore (0.4 ms of Python per request on top of the parse); aiohttp's C-accelerated HTTP
     parser and its per-host connection pool cost ~0.08 ms per request for the same 46 KB body
-    (docs/scaling.md). Its pool keeps up to `per_host` keep-alive connections per target and
+    (docs/scaling.md). Its pool keeps up to `per_host` (one) keep-alive connection per target and
     drops those idle for `idle_close` seconds, so departed targets do not keep sockets. The TLS
     context is built once and shared; the semaphore bounds concurrency over all targets.
     Bodies are read raw (no automatic decompression) and decoded here with the size cap.
@@ -94,7 +94,7 @@ class Scraper:
 
     def __init__(self, *, timeout: float = 5.0, max_body_bytes: int = 16 * 2**20,
                  concurrency: int = 64, verify: bool | str = True, idle_close: float = 120.0,
-                 per_host: int = 2) -> None:
+                 per_host: int = 1) -> None:
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.semaphore = asyncio.Semaphore(concurrency)
@@ -160,10 +160,17 @@ class Scraper:
 
     async def metadata(self, base_url: str) -> Metadata:
         """`/version` and `/v1/models`; failures leave fields unknown (they are optional)."""
-        ver, models = await asyncio.gather(
-            self.fetch(base_url + "/version", accept="application/json", cap=64 * 1024),
-            self.fetch(base_url + "/v1/models", accept="application/json", cap=1024 * 1024),
-            return_exceptions=True,
-        )
+        # one after the other: on the target's one kept-alive connection (`per_host`), not a
+        # second one held open per target (at 10,000 targets: 20,000 sockets, the open-file limit)
+        ver: Fetched | BaseException
+        models: Fetched | BaseException
+        try:
+            ver = await self.fetch(base_url + "/version", accept="application/json", cap=64 * 1024)
+        except Exception as exc:  # noqa: BLE001 - optional: any failure leaves the field unknown
+            ver = exc
+        try:
+            models = await self.fetch(base_url + "/v1/models", accept="application/json", cap=1024 * 1024)
+        except Exception as exc:  # noqa: BLE001
+            models = exc
         return read_metadata(ver.body if isinstance(ver, Fetched) else None,
                              models.body if isinstance(models, Fetched) else None, time.time())

@@ -110,3 +110,21 @@ def test_metadata_reads_version_and_models_and_tolerates_absence():
     with loopback.Site(loopback.status("404 Not Found", b"no")) as site:
         md = asyncio.run(go(site.url))
     assert md.vllm_version is None and md.served_models == ()
+
+
+def test_a_scrape_and_its_metadata_share_one_connection():
+    """/metrics, /version and /v1/models of a target over one kept-alive socket: a fleet of
+    N targets holds N sockets, not 2N (the open-file limit at 10,000 targets)."""
+    routes = {"/metrics": BODY, "/version": b'{"version": "0.11.0"}', "/v1/models": b'{"data": []}'}
+
+    async def go(url):
+        s = Scraper()
+        try:
+            for _ in range(3):
+                await s.fetch(url + "/metrics")
+                await s.metadata(url)
+        finally:
+            await s.aclose()
+    with loopback.Site(loopback.static(routes)) as site:
+        asyncio.run(go(site.url))
+        assert len(site.requests) == 9 and site.connections == 1

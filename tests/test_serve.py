@@ -153,3 +153,29 @@ def test_each_kind_of_bad_target_is_down_with_its_reason(captures, tmp_path, cli
         d.stop()
         for s in sites.values():
             s.__exit__(None, None, None)
+
+
+def test_large_buffers_come_from_mmap_unless_the_operator_chose(monkeypatch):
+    """On glibc the daemon asks for scraped bodies to be mmap'd (freed back to the system)."""
+    import platform
+
+    from exporter.commands.serve import large_buffers_from_mmap
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert large_buffers_from_mmap() is False             # the operator's setting stays
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert large_buffers_from_mmap() is True
+
+
+def test_the_open_file_limit_is_raised_to_the_hard_one():
+    """One kept-alive socket per target: the daemon takes all the open files it is allowed."""
+    resource = pytest.importorskip("resource")
+    from exporter.commands.serve import raise_open_files_limit
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft == hard and hard > 64:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard // 2, hard))     # a lowered soft limit
+    got = raise_open_files_limit()
+    assert got is not None and got[0] == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if hard != resource.RLIM_INFINITY:
+        assert got == (hard, hard)

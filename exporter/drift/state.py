@@ -2,7 +2,7 @@
 
 Why: a restart (deploy, crash, node drain) must not forget a 10-minute window or re-raise every
 finding after its minimum duration again. The state is one JSON document, versioned, written
-atomically (temp file in the same directory, fsync, rename, fsync of the directory) so a crash
+entry by entry (bounded memory, in steps a daemon can spread) and atomically (temp file in the same directory, fsync, rename, fsync of the directory) so a crash
 mid-write leaves the previous file intact. A file that cannot be read, does not parse, or has
 another format version is reported (log + `vllm_drift_state_errors_total{operation}`) and set
 aside as `<name>.corrupt-<unix time>`; the daemon then starts fresh. Never fatal.
@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import structlog
 
@@ -34,6 +34,7 @@ class StateStore:
         self.errors: dict[str, float] = {}
         self.clock = clock
         self.last_save: float | None = None
+        self.last_result = False         # whether the last save (or `saving`) wrote the file
 
     def error(self, operation: str, message: str) -> None:
         self.errors[operation] = self.errors.get(operation, 0.0) + 1.0
@@ -103,19 +104,40 @@ class StateStore:
 
     def save(self, state: dict[str, Any]) -> bool:
         """Write atomically; False (and counted) on failure."""
+        steps = self.saving(state)
+        for _ in steps:
+            pass
+        return self.last_result
+
+    def saving(self, state: dict[str, Any], *, step: int = 200) -> Iterator[None]:
+        """`save` in steps: a generator that writes the document and yields after every `step`
+        entries of a `Streamed` value, so that a daemon can let other work run between steps
+        (`Daemon.save_state_spread`). Values are JSON-encoded one entry at a time straight to
+        the temp file: memory holds one window's document, not the whole state's (13 MB of
+        JSON per 1,000 targets with full windows, and several times that as objects). The
+        outcome is in `last_result`; the file on disk changes only when all went well."""
+        self.last_result = False
         now = self.clock()
-        doc = {"format": "vllm-drift-state", "version": STATE_VERSION, "saved_at": now, "state": state}
-        try:
-            data = json.dumps(doc, separators=(",", ":")).encode()  # +Inf bucket bounds: Infinity
-        except (TypeError, ValueError) as exc:
-            self.error("save", f"cannot encode state: {exc}")
-            return False
         tmp = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.dir)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                write = fh.write
+                write(b'{"format":"vllm-drift-state","version":%d,"saved_at":%s,"state":{'
+                      % (STATE_VERSION, _json(now).encode()))
+                for i, (name, value) in enumerate(state.items()):
+                    write(b"%s%s:" % (b"," if i else b"", _json(name).encode()))
+                    if isinstance(value, Streamed):
+                        write(b"{")
+                        for n, (key, item) in enumerate(value.items):
+                            write(b"%s%s:%s" % (b"," if n else b"", _json(key).encode(), _json(item).encode()))
+                            if n % step == step - 1:
+                                yield
+                        write(b"}")
+                    else:
+                        write(_json(value).encode())
+                write(b"}}")
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.path)
@@ -128,14 +150,31 @@ class StateStore:
                     os.close(dfd)
             except OSError:
                 pass  # some filesystems cannot fsync a directory; the rename is still atomic
+        except (TypeError, ValueError) as exc:
+            self.error("save", f"cannot encode state: {exc}")
+            return
         except OSError as exc:
             self.error("save", f"cannot write: {exc.strerror or exc}")
-            return False
-        finally:
+            return
+        finally:   # also when the caller stops the steps early (a cancelled save)
             if tmp is not None:
                 try:
                     os.unlink(tmp)
                 except OSError:
                     pass
         self.last_save = now
-        return True
+        self.last_result = True
+
+
+class Streamed:
+    """A JSON object of the state written entry by entry: `items` yields (key, value) pairs,
+    each value made only when it is written (a window's document, say)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Iterable[tuple[str, Any]]) -> None:
+        self.items = items
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))   # +Inf bucket bounds: Infinity

@@ -120,6 +120,32 @@ def test_save_replaces_atomically(tmp_path):
     assert os.stat(tmp_path / "drift-state.json").st_ino != before   # a new file renamed over
 
 
+def test_streamed_state_is_written_entry_by_entry_and_a_stopped_save_changes_nothing(tmp_path):
+    """Windows are written one document at a time (made only when written); the file reads as
+    the plain document would. A save stopped between steps (a cancelled spread save) leaves
+    the previous file and no temp file."""
+    from exporter.drift.state import Streamed
+    store = StateStore(tmp_path)
+    assert store.save({"n": 0})
+    made = []
+
+    def windows(n):
+        for i in range(n):
+            made.append(i)
+            yield f"http://t{i}|m", {"snapshots": [[i, 1.5, float("inf")]]}
+    plain = {"evaluator": {"a": 1}, "windows": dict(windows(450)), "calibration": {}}
+    made.clear()
+    steps = store.saving({"evaluator": {"a": 1}, "windows": Streamed(windows(450)), "calibration": {}}, step=200)
+    next(steps)
+    assert made == list(range(200))            # lazily: 200 windows made, then a pause
+    steps.close()                              # stopped there
+    assert store.last_result is False and store.load() == {"n": 0}
+    assert [p.name for p in tmp_path.iterdir()] == ["drift-state.json"]
+    assert store.save({"evaluator": {"a": 1}, "windows": Streamed(windows(450)), "calibration": {}})
+    assert store.load() == json.loads(json.dumps(plain))
+    assert [p.name for p in tmp_path.iterdir()] == ["drift-state.json"]
+
+
 def test_random_sequences_respect_minimum_durations():
     """Whatever the raw scores do: an alarm needs two consecutive raw alarms first, and once the
     rule stops firing the alarm is gone within two evaluations."""

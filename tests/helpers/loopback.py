@@ -160,6 +160,7 @@ class Site:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.requests: list[str] = []
+        self.connections = 0                  # TCP connections accepted
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -173,6 +174,7 @@ class Site:
         self.loop.run_forever()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 line = await reader.readline()
