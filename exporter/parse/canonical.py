@@ -17,12 +17,11 @@ canonical keys only, so a mixed fleet is compared like with like:
 from __future__ import annotations
 
 import math
-from operator import itemgetter
 from typing import Iterable
 
 from exporter.errors import ParseError
 from exporter.parse import eras
-from exporter.parse.exposition import Family, Reader, decode_payload
+from exporter.parse.exposition import Family, Reader, decode_payload, picker
 from exporter.parse.snapshot import COUNTERS, GAUGES, HISTOGRAMS, Histogram, Snapshot
 
 __all__ = ["NotAnEngineError", "NoVllmMetricsError", "canonicalise", "parse_vllm", "READER"]
@@ -286,24 +285,16 @@ class _Plan:
                     acc.created.append(j)
                     continue
                 exposed = m.exposed
-                if part == "c":
-                    counters = acc.counters
-                    if exposed in counters:
-                        counters[exposed].append(j)
-                    else:
-                        counters[exposed] = [j]
-                        names.add(exposed)
-                    if exposed == _SUCCESS:
-                        acc.reasons.setdefault(labels.get("finished_reason", ""), []).append(j)
-                    elif exposed == _PER_POS:
-                        acc.per_pos.setdefault(labels.get("position", ""), []).append(j)
+                routes = acc.counters if part == "c" else acc.gauges
+                if exposed in routes:
+                    routes[exposed].append(j)
                 else:
-                    gauges = acc.gauges
-                    if exposed in gauges:
-                        gauges[exposed].append(j)
-                    else:
-                        gauges[exposed] = [j]
-                        names.add(exposed)
+                    routes[exposed] = [j]
+                    names.add(exposed)
+                if exposed == _SUCCESS:
+                    acc.reasons.setdefault(labels.get("finished_reason", ""), []).append(j)
+                elif exposed == _PER_POS:
+                    acc.per_pos.setdefault(labels.get("position", ""), []).append(j)
 
         if not names and not models:
             if ray:
@@ -461,7 +452,7 @@ def _plan_histograms(acc: _Acc) -> tuple[list[tuple], list[str]]:
         if len(engines) == 1:
             single = engines[0][1]
             if all(len(idx) == 1 for idx in single):
-                get_counts = _getter([idx[0] for idx in single])
+                get_counts = picker([idx[0] for idx in single])
             else:
                 get_counts = lambda values, single=single: tuple([_total(values, idx) for idx in single])
         has_inf = bool(bounds) and math.isinf(bounds[-1])
@@ -475,13 +466,3 @@ def _plan_histograms(acc: _Acc) -> tuple[list[tuple], list[str]]:
                 result.append((key,) + built[exposed])
                 break
     return result, own
-
-
-def _getter(indices: list[int]):
-    """values -> tuple of values[i] for i in indices (always a tuple)."""
-    if len(indices) > 1:
-        return itemgetter(*indices)
-    if not indices:
-        return lambda values: ()
-    i = indices[0]
-    return lambda values: (values[i],)

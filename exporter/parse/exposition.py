@@ -42,7 +42,7 @@ from typing import Iterable, NamedTuple
 
 from exporter.errors import ParseError
 
-__all__ = ["Sample", "Family", "Reader", "parse_exposition", "decode_payload"]
+__all__ = ["Sample", "Family", "Reader", "parse_exposition", "decode_payload", "picker"]
 
 
 class Sample(NamedTuple):
@@ -576,8 +576,9 @@ class Reader:
         return _parse_sample_slow(line)
 
 
-def _getter(indices: list[int]):
-    """A function picking `indices` out of a sequence, always as a tuple."""
+def picker(indices: list[int]):
+    """A function picking `indices` out of a sequence, always as a tuple (operator.itemgetter
+    gives a bare item for one index)."""
     if len(indices) > 1:
         return itemgetter(*indices)
     if indices:
@@ -647,8 +648,8 @@ class _Shape:
             n = len(f.samples)
             layout.append((f.name, f.type, f.documentation, first, first + n, tuple((s[0], s[1]) for s in f.samples)))
             first += n
-        others_of = _getter(others)
-        return cls(tuple(layout), _getter(kept), _getter(skipped), others_of, others_of(tokens))
+        others_of = picker(others)
+        return cls(tuple(layout), picker(kept), picker(skipped), others_of, others_of(tokens))
 
     def values(self, tokens: tuple[str, ...], cache: dict[str, float], cap: int) -> list | None:
         """The sample values of a payload of this shape, as a full parse reads them; None when
