@@ -162,15 +162,12 @@ class Scraper:
         """`/version` and `/v1/models`; failures leave fields unknown (they are optional)."""
         # one after the other: on the target's one kept-alive connection (`per_host`), not a
         # second one held open per target (at 10,000 targets: 20,000 sockets, the open-file limit)
-        ver: Fetched | BaseException
-        models: Fetched | BaseException
+        return read_metadata(await self._optional(base_url + "/version", 64 * 1024),
+                             await self._optional(base_url + "/v1/models", 1024 * 1024), time.time())
+
+    async def _optional(self, url: str, cap: int) -> bytes | None:
+        """A JSON body, or None on any failure (the metadata is optional)."""
         try:
-            ver = await self.fetch(base_url + "/version", accept="application/json", cap=64 * 1024)
-        except Exception as exc:  # noqa: BLE001 - optional: any failure leaves the field unknown
-            ver = exc
-        try:
-            models = await self.fetch(base_url + "/v1/models", accept="application/json", cap=1024 * 1024)
-        except Exception as exc:  # noqa: BLE001
-            models = exc
-        return read_metadata(ver.body if isinstance(ver, Fetched) else None,
-                             models.body if isinstance(models, Fetched) else None, time.time())
+            return (await self.fetch(url, accept="application/json", cap=cap)).body
+        except Exception:  # noqa: BLE001
+            return None

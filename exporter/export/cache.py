@@ -29,13 +29,13 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from exporter.export.collector import REPORT_FAMILIES, Exposition, FleetView, TargetView, report_samples
-from exporter.export.render import _escape, _go_float
+from exporter.export.render import head_of, sample_text
 
 __all__ = ["CachedExposition", "CapsCollector"]
 
 
-# per report family: its `name{` and its label names in the order the text format sorts them
-_REPORT_HEADS = tuple((name + "{", tuple(sorted(range(len(labels)), key=labels.__getitem__)), labels)
+# per report family: its name and its label names' indices in the order the text format sorts them
+_REPORT_HEADS = tuple((name, tuple(sorted(range(len(labels)), key=labels.__getitem__)), labels)
                       for name, _doc, _typ, labels in REPORT_FAMILIES)
 
 
@@ -43,9 +43,8 @@ def _report_line(i: int, values: tuple[str, ...], value: float) -> str:
     """One report sample's line as `Renderer.parts` writes it. Not through the renderer's head
     cache: the block keeps the text, and a cache entry per report sample was ~13 KiB per
     target (docs/scaling.md)."""
-    start, order, labels = _REPORT_HEADS[i]
-    inner = ",".join([f'{labels[j]}="{_escape(values[j])}"' for j in order])
-    return f"{start}{inner}}} {_go_float(value)}\n"
+    name, order, labels = _REPORT_HEADS[i]
+    return sample_text(head_of(name, [(labels[j], values[j]) for j in order]), value)
 
 
 class CachedExposition(Exposition):

@@ -38,8 +38,19 @@ def _head(name: str, labels: dict[str, str]) -> str:
         raise ValueError(f"{name}: only legacy metric and label names are rendered here")
     if not labels:
         return name + " "
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+    return head_of(name, sorted(labels.items()))
+
+
+def head_of(name: str, pairs) -> str:
+    """`name{k="v",...} ` for label (name, value) pairs already in the text format's (sorted)
+    order and legacy names (not checked here)."""
+    inner = ",".join([f'{k}="{_escape(v)}"' for k, v in pairs])
     return f"{name}{{{inner}}} "
+
+
+def sample_text(head: str, value: float) -> str:
+    """A sample line without timestamp, value formatted as prometheus_client does."""
+    return f"{head}{_go_float(value)}\n"
 
 
 class Renderer:
@@ -99,7 +110,7 @@ class Renderer:
                 if head is None:
                     head = heads[key] = _head(name, labels)
                 if ts is None:
-                    line = f"{head}{_go_float(value)}\n"
+                    line = sample_text(head, value)
                 else:
                     line = f"{head}{_go_float(value)} {int(float(ts) * 1000):d}\n"
                 if name in special:
