@@ -129,7 +129,7 @@ def parse_vllm(payload: str | bytes | bytearray | memoryview, *, target: str, ti
         raise ParseError("not Prometheus metrics: looks like an HTML page (an error page or a proxy?)")
     if start.startswith(("{", "[")):
         raise ParseError("not Prometheus metrics: looks like JSON (wrong path or an API error?)")
-    families, shape, values = (reader or READER).parse_shaped(text)
+    families, shape, values = (reader or READER).parse_shaped(text, key=target)
     if shape is None:
         return canonicalise(families, target=target, timestamp=timestamp)
     plan = shape.memo

@@ -294,11 +294,12 @@ class Reader:
     """
 
     __slots__ = ("prefixes", "names_only", "max_heads", "max_labelsets", "refresh_every", "_calls",
-                 "_heads", "_labelsets", "_names", "_comments", "_values", "max_shapes", "_shapes")
+                 "_heads", "_labelsets", "_names", "_comments", "_values", "max_shapes", "_shapes",
+                 "max_hints", "_hints")
 
     def __init__(self, prefixes: Iterable[str] | None = ("vllm:",), *, names_only: Iterable[str] = (),
                  max_heads: int = 50_000, max_labelsets: int = 50_000, refresh_every: int = 200_000,
-                 max_shapes: int = 128):
+                 max_shapes: int = 128, max_hints: int = 100_000):
         self.prefixes: tuple[str, ...] | None = tuple(prefixes) if prefixes is not None else None
         # families (by the name on their HELP/TYPE line) returned without their samples: the
         # caller only needs to know they exist
@@ -314,9 +315,13 @@ class Reader:
         self._values: dict[str, float] = {}  # value texts after a head: " 0.0" -> 0.0
         self.max_shapes = max_shapes
         self._shapes: dict[tuple[str, ...], _Shape | None] = {}   # line heads -> shape (None: not replayable)
+        # caller's key (a target) -> the shape its last payload had: tried first, by one match
+        self.max_hints = max_hints
+        self._hints: dict[str, _Shape] = {}
 
     def clear_cache(self) -> None:
         self._shapes.clear()
+        self._hints.clear()
         self._heads.clear()
         self._labelsets.clear()
         self._names.clear()
@@ -326,28 +331,39 @@ class Reader:
     def cache_sizes(self) -> dict[str, int]:
         return {"heads": len(self._heads), "labelsets": len(self._labelsets),
                 "names": len(self._names), "comments": len(self._comments),
-                "values": len(self._values), "shapes": len(self._shapes)}
+                "values": len(self._values), "shapes": len(self._shapes), "hints": len(self._hints)}
 
     def _wanted(self, name: str) -> bool:
         return self.prefixes is None or name.startswith(self.prefixes)
 
-    def parse(self, payload: str | bytes | bytearray | memoryview) -> list[Family]:
-        """Families (in exposition order) whose name starts with one of the prefixes."""
-        families, shape, values = self.parse_shaped(payload)
+    def parse(self, payload: str | bytes | bytearray | memoryview, key: str | None = None) -> list[Family]:
+        """Families (in exposition order) whose name starts with one of the prefixes. `key`: as
+        in `parse_shaped`."""
+        families, shape, values = self.parse_shaped(payload, key)
         return families if families is not None else shape.families(values)
 
-    def parse_shaped(self, payload: str | bytes | bytearray | memoryview
+    def parse_shaped(self, payload: str | bytes | bytearray | memoryview, key: str | None = None
                      ) -> tuple[list[Family] | None, "_Shape | None", list | None]:
         """(families, shape, values). `shape` is the payload's shape when it can be replayed
         (else None, and `families` is the parse); `values` its sample values, families in order
         then samples in order. `families` is None when the shape was replayed: callers that keep
         what they derive from a shape's structure in `shape.memo` need only the values;
-        `shape.families(values)` builds the families."""
+        `shape.families(values)` builds the families.
+
+        `key` (a target): the shape of the last payload parsed under that key is tried first,
+        with one regular-expression match of the whole payload (`_Shape.match`) instead of
+        splitting it into lines."""
         text = decode_payload(payload)
         self._calls += 1
         if self._calls >= self.refresh_every:
             self._calls = 0
             self.clear_cache()
+        if key is not None:
+            hint = self._hints.get(key)
+            if hint is not None:
+                values = hint.match(text, self._values, self.max_labelsets)
+                if values is not None:
+                    return None, hint, values
         lines = text.split("\n")
         if not self.max_shapes:
             return self._parse(lines), None, None
@@ -358,6 +374,7 @@ class Reader:
             if shape is not None:
                 values = shape.values(tokens, self._values, self.max_labelsets)
                 if values is not None:
+                    self._hint(key, shape)
                     return None, shape, values
             return self._parse(lines), None, None
         record: list[int] = []
@@ -367,7 +384,16 @@ class Reader:
             shape = shapes[heads] = _Shape.of(out, record, lines, tokens)
         if shape is None:
             return out, None, None
+        self._hint(key, shape)
         return out, shape, [s[2] for f in out for s in f.samples]
+
+    def _hint(self, key: str | None, shape: "_Shape") -> None:
+        if key is None:
+            return
+        hints = self._hints
+        if key not in hints and len(hints) >= self.max_hints:
+            hints.clear()           # departed targets' keys do not stay forever
+        hints[key] = shape
 
     def _comment(self, line: str) -> tuple:
         """(kind, name, text, wanted, full, allowed, skip_brace, skip_blank) for HELP/TYPE lines;
@@ -612,15 +638,19 @@ class _Shape:
       the token must be the one seen.
     """
 
-    __slots__ = ("layout", "values_of", "skipped_of", "others_of", "others", "memo")
+    __slots__ = ("layout", "values_of", "skipped_of", "others_of", "others", "memo", "_pattern",
+                 "_rx", "_order")
 
-    def __init__(self, layout, values_of, skipped_of, others_of, others) -> None:
+    def __init__(self, layout, values_of, skipped_of, others_of, others, pattern=None, order=None) -> None:
         self.layout = layout            # (name, type, documentation, first, end, ((name, labels) per sample))
         self.values_of = values_of      # tokens -> value tokens of the samples
         self.skipped_of = skipped_of    # tokens -> tokens of skipped lines
         self.others_of = others_of      # tokens -> tokens of every other line
         self.others = others
         self.memo = None                # what the Reader's owner derives from this structure
+        self._pattern = pattern         # the shape as one regular expression (compiled when first used)
+        self._rx = None
+        self._order = order             # value tokens in line order -> in sample order (None: same)
 
     @classmethod
     def of(cls, out: list[Family], record: list[int], lines: list[str], tokens: tuple[str, ...]) -> "_Shape | None":
@@ -649,14 +679,53 @@ class _Shape:
             layout.append((f.name, f.type, f.documentation, first, first + n, tuple((s[0], s[1]) for s in f.samples)))
             first += n
         others_of = picker(others)
-        return cls(tuple(layout), picker(kept), picker(skipped), others_of, others_of(tokens))
+        # the same conditions as one pattern over the whole text: heads literally, a kept line's
+        # token captured (no space: the head ends at the line's last space), a skipped line's
+        # token without `{`, every other line literally
+        kept_set, skipped_set = set(kept), set(skipped)
+        parts = []
+        for i, line in enumerate(lines):
+            if i in kept_set or i in skipped_set:
+                head = re.escape(line.rpartition(" ")[0] + " ") if " " in line else ""
+                parts.append(head + ("([^ \n]*)" if i in kept_set else "[^ \n{]*"))
+            else:
+                parts.append(re.escape(line))
+        by_line = sorted(range(len(kept)), key=kept.__getitem__)
+        order = None if by_line == list(range(len(kept))) else \
+            picker(sorted(range(len(kept)), key=by_line.__getitem__))
+        return cls(tuple(layout), picker(kept), picker(skipped), others_of, others_of(tokens),
+                   "\n".join(parts), order)
+
+    def match(self, text: str, cache: dict[str, float], cap: int) -> list | None:
+        """The sample values of `text` if it has this shape (one regular-expression match, no
+        split into lines), else None."""
+        rx = self._rx
+        if rx is None:
+            if self._pattern is None:
+                return None
+            try:
+                rx = self._rx = re.compile(self._pattern)
+            except (re.error, RecursionError, OverflowError):
+                self._pattern = None
+                return None
+            self._pattern = None
+        m = rx.fullmatch(text)
+        if m is None:
+            return None
+        raw = m.groups()
+        if self._order is not None:
+            raw = self._order(raw)
+        return self._read(raw, cache, cap)
 
     def values(self, tokens: tuple[str, ...], cache: dict[str, float], cap: int) -> list | None:
         """The sample values of a payload of this shape, as a full parse reads them; None when
         a full parse is needed (a token it would read differently)."""
         if self.others_of(tokens) != self.others or "{" in "".join(self.skipped_of(tokens)):
             return None
-        raw = self.values_of(tokens)
+        return self._read(self.values_of(tokens), cache, cap)
+
+    @staticmethod
+    def _read(raw, cache: dict[str, float], cap: int) -> list | None:
         get = cache.get
         values = [get(" " + t) for t in raw]
         if None in values:

@@ -294,9 +294,9 @@ TOKENS = st.one_of(VALUES, st.sampled_from(["5", "+5", "-0", "1_0", "1e3", "NaN"
                                             '"', "}", "", "\t", "1\r", "# x", "0x10", "1 2"]))
 
 
-def _verdict(reader: Reader, text: str):
+def _verdict(reader: Reader, text: str, key: str | None = None):
     try:
-        return normalise(reader.parse(text))
+        return normalise(reader.parse(text, key))
     except ParseError:
         return "refused"
 
@@ -317,8 +317,16 @@ def test_a_seen_shape_with_new_values_reads_as_a_full_parse(text, prefixes, chan
         if sep:
             lines[i] = head + " " + token
     mutated = "\n".join(lines)
-    assert _verdict(reader, mutated) == _verdict(Reader(prefixes, max_shapes=0), mutated)
-    assert _verdict(reader, mutated) == _verdict(Reader(prefixes, max_shapes=0), mutated)  # replayed twice
+    full = _verdict(Reader(prefixes, max_shapes=0), mutated)
+    assert _verdict(reader, mutated) == full
+    assert _verdict(reader, mutated) == full  # replayed twice
+    # keyed: the key's last shape is tried first, as one match of the whole text
+    keyed = Reader(prefixes)
+    assert _verdict(keyed, text, "t") == _verdict(Reader(prefixes, max_shapes=0), text)
+    assert _verdict(keyed, text, "t") == _verdict(Reader(prefixes, max_shapes=0), text)
+    assert _verdict(keyed, mutated, "t") == full
+    assert _verdict(keyed, mutated, "t") == full
+    assert _verdict(keyed, text, "t") == _verdict(Reader(prefixes, max_shapes=0), text)
 
 
 def test_real_captures_replayed_with_new_values():
@@ -332,6 +340,12 @@ def test_real_captures_replayed_with_new_values():
                           if s else h for h, s, t in (line.rpartition(" ") for line in text.split("\n")))
         assert normalise(reader.parse(moved)) == normalise(Reader(("vllm:",), max_shapes=0).parse(moved)), path.name
         assert normalise(reader.parse(moved)) == normalise(stock(moved, ("vllm:",))), path.name
+        # as the daemon reads a target: keyed, so the second scrape is one match of its shape
+        keyed = Reader(("vllm:",))
+        keyed.parse(text, path.name)
+        _, shape, values = keyed.parse_shaped(moved, path.name)
+        assert shape is not None and values is not None, path.name
+        assert normalise(shape.families(values)) == normalise(stock(moved, ("vllm:",))), path.name
     assert 0 < reader.cache_sizes()["shapes"] <= len(captures())
 
 
@@ -344,3 +358,19 @@ def test_replay_of_a_skipped_family_line_reads_its_token_as_a_full_parse(token):
     mutated = text.replace("other_x 1", "other_x " + token)
     assert _verdict(reader, mutated) == _verdict(Reader(("vllm:",), max_shapes=0), mutated)
     assert reader.cache_sizes()["shapes"] == 1
+    keyed = Reader(("vllm:",))
+    keyed.parse(text, "t")
+    assert _verdict(keyed, mutated, "t") == _verdict(Reader(("vllm:",), max_shapes=0), mutated)
+
+
+def test_keyed_hints_are_bounded_and_follow_a_target_that_changes_shape():
+    reader = Reader(("vllm:",), max_hints=2)
+    one = "# TYPE vllm:a gauge\nvllm:a 1\n"
+    two = "# TYPE vllm:a gauge\nvllm:a{x=\"y\"} 1\n"
+    reader.parse(one, "t1")
+    assert normalise(reader.parse(two, "t1")) == normalise(stock(two, ("vllm:",)))   # the hint misses
+    assert normalise(reader.parse(two.replace(" 1", " 3"), "t1")) == normalise(stock(two.replace(" 1", " 3"), ("vllm:",)))
+    reader.parse(one, "t2")
+    assert reader.cache_sizes()["hints"] == 2
+    reader.parse(one, "t3")                  # full: emptied, then this one
+    assert reader.cache_sizes()["hints"] == 1
