@@ -112,7 +112,7 @@ class Daemon:
         self.narrator = Narrator(log)   # what the operator reads: discoveries, windows, findings
         self.exposition = CachedExposition()
         self.exposition.registry.register(CapsCollector(self._caps))
-        self.published = Published(self.exposition.render, self.exposition.render_gzip)
+        self.published = Published(self.exposition.render_parts, self.exposition.render_gzip_parts)
         self.report_json = ReportCache()
         self.published.reload = self._reload_from_http
         self.dcgm = self.gpu_collector = None

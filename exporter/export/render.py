@@ -24,7 +24,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def _go_float(value: float) -> str:
+def go_float(value: float) -> str:
     """`floatToGoString` with a fast path for the common range (no exponent rewrite needed)."""
     d = float(value)
     if -1e6 < d < 1e6:
@@ -48,9 +48,32 @@ def head_of(name: str, pairs) -> str:
     return f"{name}{{{inner}}} "
 
 
+def head_template(name: str, label_names) -> str:
+    """`head_of` as a %-template: `name{k="%s",...} ` for label names already in the text
+    format's order, to be filled with `escaped` values (a family's heads, formatted in one step)."""
+    inner = ",".join([f'{k}="%s"' for k in label_names])
+    return f"{name}{{{inner}}} "
+
+
+_ESCAPED: dict[str, str] = {}
+_MAX_ESCAPED = 100_000
+
+
+def escaped(value: str) -> str:
+    """A label value escaped as `head_of` does, memoised (a fleet's label values repeat on every
+    render: target URLs, model names, finding names); the memo is emptied when full."""
+    got = _ESCAPED.get(value)
+    if got is None:
+        got = _escape(value)
+        if len(_ESCAPED) >= _MAX_ESCAPED:
+            _ESCAPED.clear()
+        _ESCAPED[value] = got
+    return got
+
+
 def sample_text(head: str, value: float) -> str:
     """A sample line without timestamp, value formatted as prometheus_client does."""
-    return f"{head}{_go_float(value)}\n"
+    return f"{head}{go_float(value)}\n"
 
 
 class Renderer:
@@ -112,7 +135,7 @@ class Renderer:
                 if ts is None:
                     line = sample_text(head, value)
                 else:
-                    line = f"{head}{_go_float(value)} {int(float(ts) * 1000):d}\n"
+                    line = f"{head}{go_float(value)} {int(float(ts) * 1000):d}\n"
                 if name in special:
                     if split:
                         raise ValueError(f"{name}: an OpenMetrics-only sample cannot be rendered in parts")

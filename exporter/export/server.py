@@ -39,7 +39,9 @@ class Published:
     `findings`/`targets` are the full JSON documents; `findings_index`/`targets_index`
     (exporter/export/findings.py), when set, build them on request, filtered and paginated."""
 
-    def __init__(self, metrics: Callable[[], bytes], metrics_gzip: Callable[[], bytes | None] | None = None) -> None:
+    def __init__(self, metrics: Callable[[], bytes | tuple[bytes, ...]],
+                 metrics_gzip: Callable[[], bytes | tuple[bytes, ...] | None] | None = None) -> None:
+        # the body, as bytes or as parts written one after the other (no copy of a large body)
         self.metrics = metrics
         self.metrics_gzip = metrics_gzip     # the gzip body if ready, else None (exporter/export/cache.py)
         self._findings: bytes = b'{"targets": []}'
@@ -116,6 +118,10 @@ class Authenticator:
         return ok
 
 
+def _size(body: bytes | tuple[bytes, ...]) -> int:
+    return len(body) if isinstance(body, bytes) else sum(map(len, body))
+
+
 def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
     status = status_page.Cached(version=__version__, revision=buildinfo.revision())
 
@@ -127,23 +133,27 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
         def log_message(self, fmt: str, *args) -> None:  # quiet: access logs are not wanted
             pass
 
-        def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
-            if "gzip" in (self.headers.get("Accept-Encoding") or "") and len(body) > 1024:
-                body = gzip.compress(body, compresslevel=1)
+        def _send(self, code: int, body: bytes | tuple[bytes, ...], ctype: str,
+                  extra: dict[str, str] | None = None) -> None:
+            if "gzip" in (self.headers.get("Accept-Encoding") or "") and _size(body) > 1024:
+                body = gzip.compress(body if isinstance(body, bytes) else b"".join(body), compresslevel=1)
                 extra = {**(extra or {}), "Content-Encoding": "gzip"}
             self._send_raw(code, body, ctype, extra)
 
-        def _send_raw(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+        def _send_raw(self, code: int, body: bytes | tuple[bytes, ...], ctype: str,
+                      extra: dict[str, str] | None = None) -> None:
+            parts = (body,) if isinstance(body, bytes) else body
             self.send_response(code)
             self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(_size(parts)))
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")
             for k, val in (extra or {}).items():
                 self.send_header(k, val)
             self.end_headers()
             if self.command != "HEAD":
-                self.wfile.write(body)
+                for part in parts:
+                    self.wfile.write(part)
 
         def _send_metrics(self) -> None:
             """The cached gzip body when the client takes gzip and it is ready (compressed once per
@@ -154,7 +164,7 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
                     self._send_raw(200, gz, CONTENT_TYPE_METRICS, {"Content-Encoding": "gzip"})
                     return
                 body = pub.metrics()
-                if len(body) > INLINE_GZIP_MAX:   # being compressed in the background: send it plain
+                if _size(body) > INLINE_GZIP_MAX:   # being compressed in the background: send it plain
                     self._send_raw(200, body, CONTENT_TYPE_METRICS)
                     return
                 self._send(200, body, CONTENT_TYPE_METRICS)

@@ -156,3 +156,41 @@ def test_findings_api_over_http(captures):
         assert json.loads(pub.findings)["total"] == len(pub.findings_index.entries)
     finally:
         srv.stop()
+
+
+def test_metrics_over_http_in_parts_plain_and_gzip(captures):
+    """The daemon hands the server the fleet part and the live part separately (no copy of a
+    large body per request): what a client reads is the joined body, plain or gzip."""
+    views, _ = evaluated_fleet(captures, copies=4)
+    expo = CachedExposition(compress_min_bytes=1024)
+    expo.publish(fleet_view(views))
+    pub = Published(expo.render_parts, expo.render_gzip_parts)
+    srv = HTTPServer("127.0.0.1:0", pub, WebConfig())
+    srv.start()
+    try:
+        url = f"http://127.0.0.1:{srv.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            plain = r.read()
+            assert int(r.headers["Content-Length"]) == len(plain)
+        assert plain.startswith(expo._rendered) and b"process_cpu_seconds_total" in plain[len(expo._rendered):]
+        deadline = time.monotonic() + 20
+        while expo.render_gzip_parts() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            assert r.headers["Content-Encoding"] == "gzip"
+            body = r.read()
+            assert int(r.headers["Content-Length"]) == len(body)
+        assert gzip.decompress(body).startswith(expo._rendered)
+    finally:
+        srv.stop()
+
+
+def test_live_process_metrics_rendered_at_most_once_per_ttl(captures):
+    views, _ = evaluated_fleet(captures)
+    expo = CachedExposition()
+    expo.publish(fleet_view(views))
+    first = expo.render_parts()[1]
+    assert expo.render_parts()[1] is first          # within the TTL: the same bytes
+    expo.LIVE_TTL = 0.0
+    assert expo.render_parts()[1] is not first      # past it: read again
