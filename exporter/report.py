@@ -3,7 +3,8 @@
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from copy import deepcopy
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Fixed label values (bounded cardinality).
@@ -34,7 +35,16 @@ class Finding:
     confidence: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # every field is a scalar (the values a setting takes): a flat copy is what asdict
+        # gives, at a fraction of its cost (the stability tracker keeps one per evaluation)
+        d = {name: getattr(self, name) for name in _FINDING_FIELDS}
+        for key in ("configured", "recommended"):
+            if isinstance(d[key], (dict, list, tuple)):
+                d[key] = deepcopy(d[key])
+        return d
+
+
+_FINDING_FIELDS = tuple(f.name for f in fields(Finding))
 
 
 @dataclass(frozen=True, slots=True)

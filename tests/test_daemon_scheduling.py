@@ -56,3 +56,44 @@ def test_only_changed_windows_are_evaluated_and_caps_are_exported(captures):
     used = re.search(r'vllm_drift_memory_cap_used\{cap="parser_shapes"\} (\S+)', text)
     assert used and 1 <= float(used.group(1)) <= 128          # this body's shape at least (the reader is shared)
     assert f'vllm_drift_finding_score{{target="{site.url}"' in text or "vllm_drift_evaluation_status{" in text
+
+
+def test_full_collection_only_after_churn(captures):
+    """The frozen long-lived state is collected in full (a pause proportional to the fleet) only
+    when a connection or a target went away since the last time: a steady fleet never pauses."""
+    import gc
+    import socket
+
+    body = captures["vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()                                 # nothing listens there: connection refused
+    with loopback.Site(loopback.static({"/metrics": body, "/version": b'{"version":"0.10.1"}',
+                                        "/v1/models": b'{"data":[]}'})) as site:
+        d = daemon_for([site.url])
+
+        def full_collections() -> int:
+            return gc.get_stats()[2]["collections"]
+
+        async def go():
+            await d.scrape_cycle()
+            assert d._churn == 0
+            d._gc_full_at -= 10 * d.GC_FULL_EVERY        # long overdue, but nothing went away
+            before = full_collections()
+            d._gc_maintenance()
+            assert full_collections() == before
+            d.targets[dead] = type(d.targets[site.url])(TargetSpec(url=dead, gpu="L4"))
+            await d.scrape_one(d.targets[dead])      # a failed scrape counts as churn
+            assert d._churn == 1
+            d._gc_maintenance()
+            assert full_collections() == before + 1 and d._churn == 0
+            d._gc_maintenance()                       # swept: not again until the next interval
+            assert full_collections() == before + 1
+            await d.scraper.aclose()
+        gc.disable()          # only the daemon's own collections are counted
+        try:
+            asyncio.run(go())
+        finally:
+            gc.enable()
+            gc.unfreeze()

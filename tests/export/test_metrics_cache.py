@@ -186,11 +186,31 @@ def test_metrics_over_http_in_parts_plain_and_gzip(captures):
         srv.stop()
 
 
-def test_live_process_metrics_rendered_at_most_once_per_ttl(captures):
+def test_live_process_metrics_read_by_refresh_not_per_request(captures):
     views, _ = evaluated_fleet(captures)
     expo = CachedExposition()
     expo.publish(fleet_view(views))
     first = expo.render_parts()[1]
-    assert expo.render_parts()[1] is first          # within the TTL: the same bytes
-    expo.LIVE_TTL = 0.0
-    assert expo.render_parts()[1] is not first      # past it: read again
+    assert b"process_open_fds" in first
+    assert expo.render_parts()[1] is first          # requests read the cached part
+    expo.refresh_live()                             # the daemon's job: read again
+    assert expo.render_parts()[1] is not first
+    second = expo.render_parts()[1]
+    expo.LIVE_TTL = 0.0                             # nothing refreshes it: a request reads it
+    assert expo.render_parts()[1] is not second
+
+
+
+@pytest.mark.parametrize("configured,recommended", [(None, None), (256, 512), (0.9, 0.85), ("auto", "fp8"),
+                                                    (False, True), ((1, 2), [3, {"a": 4}])])
+def test_finding_json_is_what_asdict_gives(configured, recommended):
+    """`Finding.to_json` is a flat copy (the stability tracker makes one per evaluation): the
+    same document `dataclasses.asdict` makes, containers copied rather than shared."""
+    from exporter.report import Finding
+    f = Finding("max_num_seqs", "warning", 0.4, "max_num_seqs", configured, recommended, "why", "kv_cache",
+                since=12.0, confidence=0.5)
+    doc = f.to_json()
+    assert doc == dataclasses.asdict(f)
+    if isinstance(recommended, list):
+        doc["recommended"][1]["a"] = 5
+        assert f.recommended[1]["a"] == 4
