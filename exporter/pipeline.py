@@ -28,7 +28,7 @@ from exporter.config import Config, TargetSpec
 from exporter.drift.calibration import FleetCalibration
 from exporter.drift.engine import DriftEngine, Judgement
 from exporter.drift.state import Streamed
-from exporter.drift.inputs import DriftInput, Prediction
+from exporter.drift.inputs import DriftInput, Prediction, with_prediction
 from exporter.drift.observe import build_input
 from exporter.drift.predict import Identity, identify, predict_for, setup_for, slo_of
 from exporter.model.resolve import HubSettings
@@ -170,7 +170,7 @@ class TargetPipeline:
         x = build_input(ident, summary, latest, metadata, observed, spec.slo or fleet.cfg.slo,
                         fleet.cfg.evaluation.window, self.window)
         pred = self.predict(ident, x, summary, version, now)
-        x = replace(x, prediction=pred)
+        x = with_prediction(x, pred)
         notes.extend(pred.notes)
         j: Judgement = fleet.engine.judge(x, now, tuple(notes))
         return ModelReport(

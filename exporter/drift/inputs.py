@@ -192,3 +192,12 @@ class DriftInput:
         if self.prompt_p99 is None or self.output_p99 is None:
             return None
         return self.prompt_p99 + self.output_p99
+
+
+def with_prediction(x: DriftInput, prediction: Prediction) -> DriftInput:
+    """`x` with its prediction: a copy of the instance's fields (`dataclasses.replace` passes
+    every one of DriftInput's fields through __init__ again: ~60 us per evaluation)."""
+    new = object.__new__(DriftInput)
+    new.__dict__.update(x.__dict__)
+    new.__dict__["prediction"] = prediction
+    return new

@@ -252,7 +252,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
                        gpu_memory_utilization, int(max_model_len) if max_model_len else None,
                        max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
                        read_version(vllm_version))
-        cap = kv_capacity(setup, check_fits=False)
+        cap = _pool(setup)
     except InputError as exc:
         notes.append(f"calculator: {exc}")
         return Prediction(notes=tuple(notes))
@@ -289,6 +289,13 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
 # 5x ratio but no sign of another device; the calculator's memory error is a few percent of the
 # card (tests/model/test_kv_cache.py), an H100 hint on an L4 server is 60% of it.
 MISMATCH_SHARE = 0.20
+
+
+@lru_cache(maxsize=512)
+def _pool(setup: Setup):
+    """The pool a setup gets: the same for every evaluation of a server until its config changes
+    (kv_capacity walks the model's layers: ~0.15 ms, an eighth of an evaluation)."""
+    return kv_capacity(setup, check_fits=False)
 
 
 @lru_cache(maxsize=256)

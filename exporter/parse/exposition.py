@@ -685,9 +685,11 @@ class _Shape:
         kept_set, skipped_set = set(kept), set(skipped)
         parts = []
         for i, line in enumerate(lines):
-            if i in kept_set or i in skipped_set:
+            if i in kept_set:        # the token with its space: the value cache's key
+                parts.append(re.escape(line.rpartition(" ")[0]) + "( [^ \n]*)")
+            elif i in skipped_set:
                 head = re.escape(line.rpartition(" ")[0] + " ") if " " in line else ""
-                parts.append(head + ("([^ \n]*)" if i in kept_set else "[^ \n{]*"))
+                parts.append(head + "[^ \n{]*")
             else:
                 parts.append(re.escape(line))
         by_line = sorted(range(len(kept)), key=kept.__getitem__)
@@ -722,21 +724,22 @@ class _Shape:
         a full parse is needed (a token it would read differently)."""
         if self.others_of(tokens) != self.others or "{" in "".join(self.skipped_of(tokens)):
             return None
-        return self._read(self.values_of(tokens), cache, cap)
+        return self._read([" " + t for t in self.values_of(tokens)], cache, cap)
 
     @staticmethod
     def _read(raw, cache: dict[str, float], cap: int) -> list | None:
-        get = cache.get
-        values = [get(" " + t) for t in raw]
+        """The values of value tokens given with their leading space (" 1.5", the full parse's
+        cache key): cached ones by one lookup each, the rest read as the full parse would."""
+        values = list(map(cache.get, raw))
         if None in values:
             for k, t in enumerate(raw):
                 if values[k] is None:
                     try:
-                        values[k] = v = _plain_value(t)
+                        values[k] = v = _plain_value(t[1:])
                     except ValueError:
                         return None
                     if len(cache) < cap:
-                        cache[" " + t] = v
+                        cache[t] = v
         return values
 
     def families(self, values: list) -> list[Family]:
