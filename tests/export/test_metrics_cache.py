@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from exporter.config import Config, TargetSpec, WebConfig
-from exporter.export.cache import CachedExposition
+from exporter.export.cache import CachedExposition, gzip_parts
 from exporter.export.collector import FleetCollector, FleetView, TargetView
 from exporter.export.findings import Entry, FindingsIndex, ReportCache, parse_query
 from exporter.export.render import Renderer
@@ -48,6 +48,11 @@ def full_render(view: FleetView) -> bytes:
     return Renderer().render(c.collect())
 
 
+def fleet_body(expo: CachedExposition) -> bytes:
+    """The fleet part of the body as a client reads it (the parts joined)."""
+    return b"".join(expo._rendered)
+
+
 def fleet_view(targets) -> FleetView:
     return FleetView(tuple(targets), 1060.0, 0.2, 0.0, 1.0, 900.0, {}, 0.5, 7.0, {}, True)
 
@@ -57,8 +62,9 @@ def test_cached_body_is_the_full_render_and_only_changed_targets_rerender(captur
     expo = CachedExposition()
     view = fleet_view(views)
     expo.publish(view)
-    first = expo._rendered
+    first = fleet_body(expo)
     assert first == full_render(view)
+    parts_before = {id(p) for p in expo._rendered}
     assert first.count(b"vllm_drift_evaluation_status{") == sum(len(v.reports) for v in views) > 0
     reports_rendered = expo.rendered_targets
     assert reports_rendered == sum(1 for v in views if v.reports)
@@ -74,13 +80,19 @@ def test_cached_body_is_the_full_render_and_only_changed_targets_rerender(captur
         changed.append(v)
     view2 = fleet_view(changed)
     expo.publish(view2)
-    assert expo._rendered == full_render(view2) and expo._rendered != first
+    assert fleet_body(expo) == full_render(view2) and fleet_body(expo) != first
     assert expo.rendered_targets == reports_rendered + 1
+    # the unchanged targets' blocks are the same bytes objects in the new body (not copied);
+    # the re-evaluated target's and the scrape-state parts are new
+    blocks = [p for p in expo._rendered if b"vllm_drift_evaluation_status{" in p or b"vllm_drift_finding_score{" in p]
+    kept = [p for p in blocks if id(p) in parts_before]
+    assert kept and len(kept) < len(blocks)
+    assert all(url.encode() not in p for p in kept)
     # a target that leaves takes its block with it
     view3 = fleet_view(changed[1:])
     expo.publish(view3)
-    assert expo._rendered == full_render(view3)
-    assert f'target="{changed[0].target}"'.encode() not in expo._rendered
+    assert fleet_body(expo) == full_render(view3)
+    assert f'target="{changed[0].target}"'.encode() not in fleet_body(expo)
 
 
 def test_large_body_is_gzipped_once_in_the_background(captures):
@@ -94,7 +106,7 @@ def test_large_body_is_gzipped_once_in_the_background(captures):
         time.sleep(0.02)
     assert gz is not None
     plain = gzip.decompress(gz)             # two gzip members: the fleet, then live process metrics
-    assert plain.startswith(expo._rendered) and b"process_" in plain[len(expo._rendered):]
+    assert plain.startswith(fleet_body(expo)) and b"process_" in plain[len(fleet_body(expo)):]
     assert gz.startswith(expo._gz[1])      # the fleet part is the one compressed per body
 
 
@@ -172,7 +184,7 @@ def test_metrics_over_http_in_parts_plain_and_gzip(captures):
         with urllib.request.urlopen(url, timeout=5) as r:
             plain = r.read()
             assert int(r.headers["Content-Length"]) == len(plain)
-        assert plain.startswith(expo._rendered) and b"process_cpu_seconds_total" in plain[len(expo._rendered):]
+        assert plain.startswith(fleet_body(expo)) and b"process_cpu_seconds_total" in plain[len(fleet_body(expo)):]
         deadline = time.monotonic() + 20
         while expo.render_gzip_parts() is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -190,14 +202,14 @@ def test_live_process_metrics_read_by_refresh_not_per_request(captures):
     views, _ = evaluated_fleet(captures)
     expo = CachedExposition()
     expo.publish(fleet_view(views))
-    first = expo.render_parts()[1]
+    first = expo.render_parts()[-1]
     assert b"process_open_fds" in first
-    assert expo.render_parts()[1] is first          # requests read the cached part
+    assert expo.render_parts()[-1] is first          # requests read the cached part
     expo.refresh_live()                             # the daemon's job: read again
-    assert expo.render_parts()[1] is not first
-    second = expo.render_parts()[1]
+    assert expo.render_parts()[-1] is not first
+    second = expo.render_parts()[-1]
     expo.LIVE_TTL = 0.0                             # nothing refreshes it: a request reads it
-    assert expo.render_parts()[1] is not second
+    assert expo.render_parts()[-1] is not second
 
 
 
@@ -214,3 +226,10 @@ def test_finding_json_is_what_asdict_gives(configured, recommended):
     if isinstance(recommended, list):
         doc["recommended"][1]["a"] = 5
         assert f.recommended[1]["a"] == 4
+
+
+def test_gzip_of_parts_is_one_member_of_the_joined_parts():
+    parts = tuple(bytes([65 + i % 26]) * (i * 37 % 5000) for i in range(400)) + (b"", b"x" * 600_000)
+    gz = gzip_parts(parts, chunk=4096)
+    assert gzip.decompress(gz) == b"".join(parts)
+    assert gz[:2] == b"\x1f\x8b" and gzip.decompress(gzip_parts(())) == b""
