@@ -292,6 +292,13 @@ class PackedHistograms(Mapping):
         d = self._data
         return Histogram(bounds, d[off:off + n], d[off + n], d[off + n + 1])
 
+    def get(self, key, default=None):
+        # not Mapping.get: that one raises and catches KeyError for every absent key
+        return self[key] if key in self._layout else default
+
+    def __contains__(self, key) -> bool:
+        return key in self._layout
+
     def __iter__(self):
         return iter(self._layout)
 

@@ -28,6 +28,15 @@ def test_compact_baselines_give_the_same_summary_and_state():
     assert all(type(s.histograms) is PackedHistograms for s in baselines)
     assert len({id(s.histograms._layout) for s in baselines}) == 1      # one layout shared by all
     assert kept[-1] is snaps[-1]                       # the newest is the parsed object itself
+    from exporter.window.window import PackedValues   # counters and gauges packed alike
+    assert all(type(s.counters) is PackedValues and type(s.gauges) is PackedValues for s in baselines)
+    b, o = baselines[0], {s.timestamp: s for s in snaps}[baselines[0].timestamp]
+    for packed, parsed in ((b.counters, o.counters), (b.gauges, o.gauges), (b.histograms, None)):
+        assert packed.get("no_such_key") is None and packed.get("no_such_key", 7.0) == 7.0
+        assert "no_such_key" not in packed
+        if parsed is not None:
+            assert dict(packed) == parsed and list(packed) == list(parsed)
+            assert all(packed.get(k) == v and k in packed for k, v in parsed.items())
     # the same summary as a window whose snapshots are never compacted: rebuild the baseline
     # from the parsed snapshot with the same timestamp
     original = {s.timestamp: s for s in snaps}
