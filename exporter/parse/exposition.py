@@ -624,6 +624,13 @@ def _plain_value(token: str) -> float:
     return value
 
 
+# A shape's whole-text pattern is compiled only up to these sizes (a vLLM server's exposition:
+# ~300 values, ~50 KB). Compiling grows with the pattern: one of 40,000 lines (an exposition naming
+# 20,000 models, refused after parsing) took 5 s and ~260 MB to compile.
+PATTERN_MAX_GROUPS = 4096
+PATTERN_MAX_CHARS = 512 * 1024
+
+
 class _Shape:
     """What a full parse made of a payload, replayable with another payload's sample values.
 
@@ -695,8 +702,11 @@ class _Shape:
         by_line = sorted(range(len(kept)), key=kept.__getitem__)
         order = None if by_line == list(range(len(kept))) else \
             picker(sorted(range(len(kept)), key=by_line.__getitem__))
+        pattern = "\n".join(parts)
+        if len(kept) > PATTERN_MAX_GROUPS or len(pattern) > PATTERN_MAX_CHARS:
+            pattern = None      # too large to compile cheaply: replayed token by token instead
         return cls(tuple(layout), picker(kept), picker(skipped), others_of, others_of(tokens),
-                   "\n".join(parts), order)
+                   pattern, order)
 
     def match(self, text: str, cache: dict[str, float], cap: int) -> list | None:
         """The sample values of `text` if it has this shape (one regular-expression match, no

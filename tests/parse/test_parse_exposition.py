@@ -374,3 +374,21 @@ def test_keyed_hints_are_bounded_and_follow_a_target_that_changes_shape():
     assert reader.cache_sizes()["hints"] == 2
     reader.parse(one, "t3")                  # full: emptied, then this one
     assert reader.cache_sizes()["hints"] == 1
+
+
+def test_a_huge_shape_is_replayed_without_a_whole_text_pattern():
+    """A shape with more values than PATTERN_MAX_GROUPS (an exposition naming thousands of
+    models) is not compiled into one regular expression (that took seconds and hundreds of MB):
+    its next payload is replayed token by token, with the same result as a full parse."""
+    from exporter.parse import exposition
+    n = exposition.PATTERN_MAX_GROUPS // 2 + 10
+    def body(v: int) -> str:
+        lines = ["# TYPE vllm:a gauge"] + [f'vllm:a{{model_name="m{i}"}} {v + i}' for i in range(n)]
+        lines += ["# TYPE vllm:b gauge"] + [f'vllm:b{{model_name="m{i}"}} {v}' for i in range(n)]
+        return "\n".join(lines) + "\n"
+    reader = Reader(("vllm:",))
+    reader.parse(body(1), "t")
+    again = body(2)
+    assert normalise(reader.parse(again, "t")) == normalise(stock(again, ("vllm:",)))
+    shapes = list(reader._shapes.values())
+    assert shapes and all(s._pattern is None and s._rx is None for s in shapes)
