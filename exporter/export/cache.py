@@ -34,7 +34,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from exporter.export.collector import REPORT_FAMILIES, Exposition, FleetView, TargetView, report_samples
-from exporter.export.render import escaped, go_float, head_template
+from exporter.export.render import coalesced, escaped, go_float, head_template
 
 __all__ = ["CachedExposition", "CapsCollector"]
 
@@ -62,7 +62,7 @@ class CachedExposition(Exposition):
     """`Exposition` with per-target render caching and a cached gzip body."""
 
     def __init__(self, *, compress_min_bytes: int = 256 * 1024) -> None:
-        self._blocks: dict[str, tuple[tuple, dict[str, str]]] = {}   # target -> (reports key, family -> lines)
+        self._blocks: dict[str, tuple[tuple, dict[str, bytes]]] = {}   # target -> (reports key, family -> lines)
         self._rendered: tuple[bytes, ...] = ()
         self._gz: tuple[tuple[bytes, ...], bytes] | None = None   # (body it compresses, gzip bytes)
         self._gz_lock = threading.Lock()
@@ -210,15 +210,7 @@ def gzip_parts(parts: tuple[bytes, ...], chunk: int = 256 * 1024) -> bytes:
     mtime=0) decompresses to), fed to zlib in ~`chunk` pieces: zlib releases the GIL on large
     inputs, and tens of thousands of small calls would not."""
     z = zlib.compressobj(1, zlib.DEFLATED, 31)
-    out, buf, size = [], [], 0
-    for p in parts:
-        buf.append(p)
-        size += len(p)
-        if size >= chunk:
-            out.append(z.compress(b"".join(buf)))
-            buf, size = [], 0
-    if buf:
-        out.append(z.compress(b"".join(buf)))
+    out = [z.compress(piece) for piece in coalesced(parts, chunk)]
     out.append(z.flush())
     return b"".join(out)
 

@@ -12,7 +12,7 @@ bounded and emptied when full (departed targets do not stay forever). Equality w
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from prometheus_client.utils import floatToGoString
 
@@ -147,3 +147,25 @@ class Renderer:
                 out.extend(lines)
             result.append((mname, header, "".join(out)))
         return result
+
+
+def coalesced(parts: Iterable[bytes], size: int = 256 * 1024) -> Iterator[bytes]:
+    """The concatenation of `parts` in pieces of about `size` bytes (a part that large on its own
+    is passed through): a body of tens of thousands of small parts (a target's block each) is
+    written and compressed in few large calls, without joining the whole of it."""
+    buf: list[bytes] = []
+    n = 0
+    for part in parts:
+        if len(part) >= size:
+            if buf:
+                yield b"".join(buf)
+                buf, n = [], 0
+            yield part
+            continue
+        buf.append(part)
+        n += len(part)
+        if n >= size:
+            yield b"".join(buf)
+            buf, n = [], 0
+    if buf:
+        yield b"".join(buf)

@@ -24,6 +24,7 @@ from exporter import __version__, buildinfo
 from exporter.config import WebConfig
 from exporter.export import status_page
 from exporter.export.findings import QueryError, parse_query
+from exporter.export.render import coalesced
 
 log = structlog.get_logger("vllm_drift.http")
 
@@ -118,9 +119,6 @@ class Authenticator:
         return ok
 
 
-WRITE_CHUNK = 256 * 1024
-
-
 def _size(body: bytes | tuple[bytes, ...]) -> int:
     return len(body) if isinstance(body, bytes) else sum(map(len, body))
 
@@ -155,21 +153,8 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
                 self.send_header(k, val)
             self.end_headers()
             if self.command != "HEAD":
-                write, buf, size = self.wfile.write, [], 0
-                for part in parts:      # many small parts (a target's block each): ~256 KB writes
-                    if len(part) >= WRITE_CHUNK:
-                        if buf:
-                            write(b"".join(buf))
-                            buf, size = [], 0
-                        write(part)
-                        continue
-                    buf.append(part)
-                    size += len(part)
-                    if size >= WRITE_CHUNK:
-                        write(b"".join(buf))
-                        buf, size = [], 0
-                if buf:
-                    write(b"".join(buf))
+                for piece in coalesced(parts):   # many small parts (a target's block each)
+                    self.wfile.write(piece)
 
         def _send_metrics(self) -> None:
             """The cached gzip body when the client takes gzip and it is ready (compressed once per

@@ -276,21 +276,15 @@ BASELINE_HISTOGRAMS = frozenset(("ttft_seconds", "itl_seconds", "tpot_seconds", 
                                  "iteration_tokens", "max_tokens_param"))
 
 
-class PackedHistograms(Mapping):
-    """A baseline's histograms in one `array('d')`: each histogram's counts, then its sum and
-    count, at offsets a layout shared by every baseline of the same shape gives. Read-only;
-    a `Histogram` is made on access (a baseline is read once per evaluation)."""
+class _Packed(Mapping):
+    """A read-only mapping over one `array('d')`: `_layout` (shared by every baseline of the
+    same shape) maps each key to where its value lies; subclasses read the value."""
 
     __slots__ = ("_layout", "_data")
 
-    def __init__(self, layout: dict[str, tuple[tuple[float, ...], int, int]], data: array) -> None:
-        self._layout = layout       # key -> (bounds, offset, number of counts)
+    def __init__(self, layout: dict, data: array) -> None:
+        self._layout = layout
         self._data = data
-
-    def __getitem__(self, key: str) -> Histogram:
-        bounds, off, n = self._layout[key]
-        d = self._data
-        return Histogram(bounds, d[off:off + n], d[off + n], d[off + n + 1])
 
     def get(self, key, default=None):
         # not Mapping.get: that one raises and catches KeyError for every absent key
@@ -306,35 +300,32 @@ class PackedHistograms(Mapping):
         return len(self._layout)
 
 
+class PackedHistograms(_Packed):
+    """A baseline's histograms in one `array('d')`: each histogram's counts, then its sum and
+    count, at offsets a layout shared by every baseline of the same shape gives (key -> (bounds,
+    offset, number of counts)). A `Histogram` is made on access (a baseline is read once per
+    evaluation)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Histogram:
+        bounds, off, n = self._layout[key]
+        d = self._data
+        return Histogram(bounds, d[off:off + n], d[off + n], d[off + n + 1])
+
+
 _LAYOUTS: dict[tuple, dict[str, tuple[tuple[float, ...], int, int]]] = {}
 
 
-class PackedValues(Mapping):
+class PackedValues(_Packed):
     """A baseline's counters or gauges: the values in one `array('d')`, the keys in an index
-    shared by every baseline with the same keys (a dict of ~20 floats is ~1.5 KiB of objects,
-    this is ~0.2 KiB). Read-only."""
+    (key -> position) shared by every baseline with the same keys (a dict of ~20 floats is
+    ~1.5 KiB of objects, this is ~0.2 KiB)."""
 
-    __slots__ = ("_index", "_data")
-
-    def __init__(self, index: dict[str, int], data: array) -> None:
-        self._index = index
-        self._data = data
+    __slots__ = ()
 
     def __getitem__(self, key: str) -> float:
-        return self._data[self._index[key]]
-
-    def get(self, key, default=None):
-        i = self._index.get(key)
-        return default if i is None else self._data[i]
-
-    def __contains__(self, key) -> bool:
-        return key in self._index
-
-    def __iter__(self):
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
+        return self._data[self._layout[key]]
 
 
 _INDEXES: dict[tuple[str, ...], dict[str, int]] = {}
