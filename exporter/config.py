@@ -139,7 +139,7 @@ class ScrapeConfig(_Strict):
     timeout: Duration = 5.0
     max_body_bytes: Size = 16 * 2**20
     concurrency: int = Field(default=64, ge=1, le=4096)
-    metadata_refresh: Duration = 300.0   # how often /v1/models and /version are re-read
+    metadata_refresh: Duration = 300.0   # how often /v1/models and /version are re-read (+-25 % per target, spread)
     jitter: Duration = 1.0
 
     @model_validator(mode="after")

@@ -292,11 +292,20 @@ class Daemon:
             st.fail(exc.reason, str(exc), now)
             return
         st.duration_s = fetched.duration_s
+        # the body (~50 KB) must not live on across the metadata await below: when a wave of
+        # refreshes queued on the fetch semaphore, a thousand of them stayed alive at once
+        fetched = None
         restarted = self._restarted(st, snaps)
         self._churn += restarted
-        if st.metadata is None or restarted or now - st.metadata.fetched_at > self.cfg.scrape.metadata_refresh:
+        if st.metadata is None or restarted or now - st.metadata.fetched_at > self._metadata_refresh(url):
             st.metadata = await self.scraper.metadata(url)
         self._observe(st, snaps, now)
+
+    def _metadata_refresh(self, url: str) -> float:
+        """Seconds after which a target's /v1/models and /version are read again: the configured
+        interval, shifted per target by up to +-25 % (its stable phase), so that a fleet
+        discovered at once does not refresh all at once every interval."""
+        return self.cfg.scrape.metadata_refresh * (0.75 + 0.5 * _phase(url))
 
     async def query_one(self, st: TargetState) -> None:
         """Query mode: the target's Snapshots from the store. A failing store is counted by
@@ -326,7 +335,7 @@ class Daemon:
         st.duration_s = time.perf_counter() - start
         restarted = self._restarted(st, snaps)
         if self.cfg.prometheus.target_metadata and (
-                st.metadata is None or restarted or now - st.metadata.fetched_at > self.cfg.scrape.metadata_refresh):
+                st.metadata is None or restarted or now - st.metadata.fetched_at > self._metadata_refresh(url)):
             st.metadata = await self.scraper.metadata(url)
         self._observe(st, snaps, max((s.timestamp for s in snaps), default=now))
 

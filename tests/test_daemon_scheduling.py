@@ -29,6 +29,11 @@ def test_phases_are_stable_and_spread():
     assert d._scrape_spread(8) == 0.0 and d._scrape_spread(9) == 0.0   # above 4 x concurrency, but timeout = interval
     d.cfg = d.cfg.model_copy(update={"scrape": d.cfg.scrape.model_copy(update={"interval": 15.0, "timeout": 4.0})})
     assert d._scrape_spread(9) == 7.5 and d._scrape_spread(8) == 0.0
+    # metadata refreshes: the configured interval +-25 %, by the same stable phase
+    d.cfg = d.cfg.model_copy(update={"scrape": d.cfg.scrape.model_copy(update={"metadata_refresh": 300.0})})
+    refresh = [d._metadata_refresh(u) for u in urls]
+    assert all(225.0 <= r <= 375.0 for r in refresh) and max(refresh) - min(refresh) > 140.0
+    assert refresh == [d._metadata_refresh(u) for u in urls]
 
 
 def test_only_changed_windows_are_evaluated_and_caps_are_exported(captures):
