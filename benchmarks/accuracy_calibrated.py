@@ -84,7 +84,7 @@ def main() -> int:
         rows_all += errs
         m = [100 * sum(e[i] for e in errs) / len(errs) for i in range(4)] if errs else [0.0] * 4
         name = f"{key[0].split('/')[-1]} {key[1]} tp{key[2]} {key[3]} {key[4]}/{key[5]}"
-        aside = ", ".join(fit.outliers) + (f" REJECTED ({fit.rejected})" if fit.rejected else "")
+        aside = ", ".join(list(fit.outliers) + [f"{t} (TTFT)" for t in fit.ttft_aside]) + (f" REJECTED ({fit.rejected})" if fit.rejected else "")
         print(f"{name:58s} {len(errs):3d}  {m[0]:7.1f}% {m[1]:5.1f}%  {m[2]:7.1f}% {m[3]:5.1f}%  {aside}")
     n = len(rows_all)
     tot = [100 * sum(e[i] for e in rows_all) / max(n, 1) for i in range(4)]

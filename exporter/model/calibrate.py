@@ -186,12 +186,14 @@ class Fit:
     rows_used: int
     rejected: str | None = None   # why the fit was not applied (physics), None when applied
     outliers: tuple[str, ...] = ()  # rows set aside as inconsistent with the others
+    ttft_aside: tuple[str, ...] = ()  # rows whose TTFT was not fitted (beyond the KV pool)
 
     def as_dict(self) -> dict[str, object]:
         return {"rows_used": self.rows_used, "factors": factor_values(self.calibration, self.names),
                 "multipliers": {n: round(math.exp(m), 4) for n, m in zip(self.names, self.logm)},
                 "fit_error": round(self.fit_error, 4), "prior_error": round(self.prior_error, 4),
-                "rejected": self.rejected, "outliers": list(self.outliers)}
+                "rejected": self.rejected, "outliers": list(self.outliers),
+                "ttft_set_aside": list(self.ttft_aside)}
 
 
 def _stack(meas: Sequence[Measurement], cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
@@ -273,6 +275,7 @@ def fit_rows(prior: Calibration, meas: Sequence[Measurement],
     prior_err = _mean_rel_error(meas, prior)
     if not meas:
         return Fit(prior, names, (0.0,) * len(names), (), prior_err, prior_err, 0)
+    meas, ttft_aside = _ttft_informative(prior, meas)
     kept = list(meas)
     outliers: list[str] = []
     while True:
@@ -295,9 +298,32 @@ def fit_rows(prior: Calibration, meas: Sequence[Measurement],
         free_err = _mean_rel_error(kept, apply(prior, names, free))
         if fit_err > max(1.5 * free_err, ACCEPTABLE_ERROR):
             return Fit(prior, names, tuple(float(v) for v in free), cov_t, prior_err, prior_err,
-                       len(kept), rejected=broke, outliers=tuple(outliers))
+                       len(kept), rejected=broke, outliers=tuple(outliers), ttft_aside=ttft_aside)
     return Fit(cal, names, tuple(float(v) for v in x), cov_t, fit_err, prior_err,
-               len(kept), outliers=tuple(outliers))
+               len(kept), outliers=tuple(outliers), ttft_aside=ttft_aside)
+
+
+def _ttft_informative(prior: Calibration, meas: Sequence[Measurement]
+                      ) -> tuple[list[Measurement], tuple[str, ...]]:
+    """The rows with their TTFT removed where the a-priori model sees the load past the KV pool
+    and books most of the excess wait as decode stalls (preemptions) rather than as waiting for
+    the first token; and their labels. There a closed loop's TTFT is set by the scheduler's
+    queue order (preempted requests go back to the front of the waiting queue and a new request
+    waits behind their recomputation), which the model does not describe: fitted as it was, one
+    such row moved the prefill-queue factor x13 and put every unsaturated level of its group
+    160 % off (Llama-3.1-70B FP8 on one H200, 1024/8192 at c=64: TTFT 5.3 s). Their TPOT still
+    informs the fit; so does the TTFT of a row whose wait the model puts before the first token
+    (prompt-heavy traffic, or max_num_seqs binding: Little's law holds there)."""
+    out, aside = [], []
+    for m in meas:
+        if m.ttft_s:
+            p = m.predict(prior)
+            if (p.saturated and p.binding == "KV capacity" and math.isfinite(p.ttft_s)
+                    and p.queue_wait_s < p.ttft_s - p.queue_wait_s):
+                m = replace(m, ttft_s=None)
+                aside.append(m.label)
+        out.append(m)
+    return out, tuple(aside)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,6 +530,9 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None) -
     if fit.outliers:
         notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "
                      f"together with the other rows: a load the row does not describe?)")
+    if fit.ttft_aside:
+        notes.append(f"calibration: TTFT of {', '.join(fit.ttft_aside)} not fitted (past the KV pool, "
+                     f"where vLLM's preemption queue sets it; their TPOT is)")
     if fit.rejected:
         notes.append(f"calibration rejected ({fit.rejected}): the a-priori model is used")
     return fit, notes
