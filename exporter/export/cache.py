@@ -15,8 +15,9 @@ evaluated, so:
   together): each family's header and scrape-state text, then every target's block of that
   family, kept as the very bytes objects the blocks hold, never joined into one body (at 10,000
   targets a joined body was a 26 MB copy per publish, plus a 26 MB str while joining);
-  `/metrics` writes the parts in ~256 KB writes, and gzip is compressed once per body in a
-  background thread instead of once per request.
+  `/metrics` writes the parts with gather writes (`render.send_parts`), and gzip is compressed
+  once per body in a background thread instead of once per request (only while clients ask for
+  gzip).
 
 The result is byte-for-byte what `Exposition.render` gives for the same view (tested): a
 report's samples are listed once (`report_samples`) for both.
@@ -70,6 +71,7 @@ class CachedExposition(Exposition):
         self.compress_min_bytes = compress_min_bytes
         self.rendered_targets = 0                  # report blocks rendered since start (a counter)
         self._live_cache: tuple[float, bytes, bytes] | None = None
+        self._gzip_wanted_at: float | None = None    # monotonic time of the last gzip request
         super().__init__()
 
     # ------------------------------------------------------------------ publish (loop thread)
@@ -143,7 +145,15 @@ class CachedExposition(Exposition):
         return self._renderer.cache()
 
     # ------------------------------------------------------------------ gzip
+    # Bodies are compressed only while gzip is being asked for: a client that does not take
+    # gzip (curl, a probe) must not pay a whole-body compression per publish it never reads.
+    # The first gzip request after a quiet spell starts one and is answered plain meanwhile.
+    GZIP_IDLE = 600.0     # seconds without a gzip request after which publishes stop compressing
+
     def _compress_later(self, body: tuple[bytes, ...]) -> None:
+        wanted = self._gzip_wanted_at
+        if wanted is None or time.monotonic() - wanted > self.GZIP_IDLE:
+            return
         if sum(map(len, body)) < self.compress_min_bytes:
             return
         with self._gz_lock:
@@ -195,8 +205,10 @@ class CachedExposition(Exposition):
         """The body gzip-compressed (two gzip members: the cached fleet part, then the live
         process metrics), or None while the newest body is still being compressed: the caller
         then sends it uncompressed rather than wait."""
+        self._gzip_wanted_at = time.monotonic()
         body, gz = self._rendered, self._gz
         if gz is None or gz[0] is not body:
+            self._compress_later(body)
             return None
         return gz[1], self._live()[1]
 

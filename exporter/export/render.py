@@ -12,6 +12,8 @@ bounded and emptied when full (departed targets do not stay forever). Equality w
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from itertools import accumulate
 from typing import Iterable, Iterator
 
 from prometheus_client.utils import floatToGoString
@@ -169,3 +171,22 @@ def coalesced(parts: Iterable[bytes], size: int = 256 * 1024) -> Iterator[bytes]
             buf, n = [], 0
     if buf:
         yield b"".join(buf)
+
+
+IOV_MAX = 1024      # buffers one sendmsg takes (Linux UIO_MAXIOV; a smaller limit raises OSError)
+
+
+def send_parts(sock, parts: tuple[bytes, ...]) -> None:
+    """Write the concatenation of `parts` to a blocking (or timeout) socket with gather writes
+    (`sendmsg`, up to IOV_MAX buffers a call): the kernel reads the parts where they are, so a
+    body of tens of thousands of small blocks is neither joined nor copied in Python. Where
+    the bytes a call took end is found by binary search over the parts' cumulative lengths.
+    Raises AttributeError/NotImplementedError on a socket without sendmsg (TLS)."""
+    ends = list(accumulate(map(len, parts)))
+    total = ends[-1] if ends else 0
+    pos = 0
+    while pos < total:
+        i = bisect_right(ends, pos)          # the part holding byte `pos`
+        start = ends[i - 1] if i else 0
+        head = parts[i] if pos == start else memoryview(parts[i])[pos - start:]
+        pos += sock.sendmsg([head, *parts[i + 1:i + IOV_MAX]])

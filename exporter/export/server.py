@@ -24,7 +24,7 @@ from exporter import __version__, buildinfo
 from exporter.config import WebConfig
 from exporter.export import status_page
 from exporter.export.findings import QueryError, parse_query
-from exporter.export.render import coalesced
+from exporter.export.render import coalesced, send_parts
 
 log = structlog.get_logger("vllm_drift.http")
 
@@ -152,9 +152,13 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
             for k, val in (extra or {}).items():
                 self.send_header(k, val)
             self.end_headers()
-            if self.command != "HEAD":
+            if self.command == "HEAD":
+                return
+            if isinstance(self.connection, ssl.SSLSocket):   # no gather writes through TLS
                 for piece in coalesced(parts):   # many small parts (a target's block each)
                     self.wfile.write(piece)
+            else:
+                send_parts(self.connection, parts)
 
         def _send_metrics(self) -> None:
             """The cached gzip body when the client takes gzip and it is ready (compressed once per

@@ -110,6 +110,26 @@ def test_large_body_is_gzipped_once_in_the_background(captures):
     assert gz.startswith(expo._gz[1])      # the fleet part is the one compressed per body
 
 
+def test_no_compression_until_a_client_asks_for_gzip(captures):
+    """Publishes compress nothing while nobody takes gzip; the first gzip request is answered
+    plain (None here) and starts the compression, and from then on every publish is compressed."""
+    views, _ = evaluated_fleet(captures, copies=12)
+    expo = CachedExposition(compress_min_bytes=1024)
+    expo.publish(fleet_view(views))
+    time.sleep(0.3)
+    assert expo._gz is None and expo._gz_thread is None
+    assert expo.render_gzip_parts() is None          # asked: plain this time, compressing now
+    deadline = time.monotonic() + 20
+    while expo.render_gzip_parts() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    first = expo._gz
+    assert first is not None and first[0] is expo._rendered
+    expo.publish(fleet_view(views[:-1]))            # a new body: compressed without being asked
+    while (expo._gz is first or expo._gz_thread is not None) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert expo._gz[0] is expo._rendered and gzip.decompress(expo._gz[1]) == fleet_body(expo)
+
+
 def entries_of(views):
     out = []
     for v in views:

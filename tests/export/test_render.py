@@ -78,3 +78,39 @@ def test_any_label_value_and_float(rows):
     for label, value in rows:
         g.add_metric([label], value)
     assert same([g])
+
+
+def test_send_parts_gathers_every_byte_through_partial_writes():
+    """`send_parts` over a real socket pair with a small send buffer (many partial sendmsg
+    calls, some ending inside a part): the reader gets exactly the concatenation, including
+    empty parts, parts larger than the buffer and more parts than one sendmsg takes."""
+    import random
+    import socket
+    import threading
+
+    from exporter.export.render import IOV_MAX, send_parts
+
+    rng = random.Random(7)
+    parts = tuple(bytes([rng.randrange(256)]) * rng.choice((0, 1, 7, 300, 5000, 70_000))
+                  for _ in range(3 * IOV_MAX + 17))
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    a.settimeout(10)
+    got = bytearray()
+
+    def read():
+        while chunk := b.recv(1 << 16):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        send_parts(a, parts)
+    finally:
+        a.close()
+        reader.join(10)
+        b.close()
+    assert bytes(got) == b"".join(parts) and len(got) > 1_000_000
+    c, d = socket.socketpair()
+    send_parts(c, ())                      # nothing to send: no call, no error
+    c.close(), d.close()
