@@ -52,6 +52,11 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=8, help="scrape cycles before measuring")
     ap.add_argument("--capture", default=str(DEFAULT_CAPTURE))
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--evaluate-every", type=int, default=2, metavar="K",
+                    help="evaluate every K-th scrape cycle (2: evaluation 30 s, scrape 15 s; 1: the "
+                         "outside check's evaluation 10 s)")
+    ap.add_argument("--gpu", default="L4", help="GPU hint of every target ('' for none: no online "
+                                                 "calibration, as with a capture that names no GPU)")
     args = ap.parse_args()
     if not Path(args.capture).is_file():
         print(f"capture not found: {args.capture}", file=sys.stderr)
@@ -60,7 +65,7 @@ def main() -> int:
     urls = [f"http://10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000" for i in range(args.targets)]
     d = Daemon(Config(listen="127.0.0.1:0", scrape=ScrapeConfig(interval=15.0, timeout=5.0),
                       evaluation=EvaluationConfig(interval=30.0, window=600.0),
-                      targets=[TargetSpec(url=u, gpu="L4") for u in urls]))
+                      targets=[TargetSpec(url=u, gpu=args.gpu or None) for u in urls]))
     for u in urls:
         d.targets[u] = TargetState(d.discovery.targets()[u])
     spent = {"parse": 0.0, "observe": 0.0, "evaluate": 0.0, "render": 0.0, "publish": 0.0}
@@ -81,7 +86,7 @@ def main() -> int:
             if measuring:
                 spent["parse"] += b - a
                 spent["observe"] += c - b
-        if k % 2 == 1:                            # evaluation every second scrape
+        if k % args.evaluate_every == args.evaluate_every - 1:
             for st, model, pipe in d._due(now):
                 a = time.perf_counter()
                 d._evaluate_one(st, model, pipe, now)
@@ -101,7 +106,8 @@ def main() -> int:
         prof.dump_stats(args.profile)
     per = {k: v / (args.targets * args.cycles) * 1e3 for k, v in spent.items()}
     total = sum(per.values())
-    print(f"{args.targets} targets, {args.cycles} scrape cycles measured (evaluation every second cycle)")
+    print(f"{args.targets} targets, {args.cycles} scrape cycles measured (evaluation every "
+          f"{args.evaluate_every} cycle(s), GPU hint {args.gpu or 'none'})")
     for k, v in per.items():
         print(f"  {k:9s} {v:.3f} ms per target per scrape cycle")
     print(f"  {'total':9s} {total:.3f} ms  -> {total * args.targets / 15.0 / 10:.1f} % of a core at "

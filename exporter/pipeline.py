@@ -155,7 +155,8 @@ class TargetPipeline:
         if latest is None:
             raise ValueError(f"{self.spec.url} {self.model_name}: nothing observed yet")
         fleet, spec, model_name = self.fleet, self.spec, self.model_name
-        summary = self.window.summary(now)
+        hists: dict = {}
+        summary = self.window.summary(now, hists)
         mml = metadata.max_model_len.get(model_name) if metadata and metadata.max_model_len else None
         observed = observed_signals(latest, summary, max_model_len=mml)
         version = metadata.vllm_version if metadata and metadata.vllm_version else None
@@ -168,7 +169,7 @@ class TargetPipeline:
 
         ident = self.identity(metadata)
         x = build_input(ident, summary, latest, metadata, observed, spec.slo or fleet.cfg.slo,
-                        fleet.cfg.evaluation.window, self.window)
+                        fleet.cfg.evaluation.window, self.window, hists)
         pred = self.predict(ident, x, summary, version, now)
         x = with_prediction(x, pred)
         notes.extend(pred.notes)

@@ -29,16 +29,6 @@ def _q(quantiles: Any, name: str) -> float | None:
     return None if quantiles is None else finite_float(getattr(quantiles, name, None))
 
 
-def _window_hist(window: Any, key: str) -> Histogram | None:
-    snaps = window.snapshots() if hasattr(window, "snapshots") else []
-    if len(snaps) < 2:
-        return None
-    a, b = snaps[0].histograms.get(key), snaps[-1].histograms.get(key)
-    if a is None or b is None:
-        return None
-    return b.delta(a)
-
-
 def _top_populated(h: Histogram | None) -> float | None:
     """Upper bound of the highest finite bucket that gained observations."""
     if h is None:
@@ -62,7 +52,7 @@ class _Shape:
 
     @classmethod
     def of(cls, h: Histogram) -> "_Shape":
-        return cls(h.mean(), h.quantile(0.5), h.quantile(0.99))
+        return cls(h.mean(), *h.quantiles((0.5, 0.99)))
 
 
 def _bucket_of(h: Histogram | None, value: float | None) -> tuple[float, float] | None:
@@ -118,7 +108,10 @@ def context_share(length_share: float | None, mml: float | None, prompt_mean: fl
 
 
 def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata | None,
-                observed: Mapping[str, Any], slo: SLO | None, window_s: float, window: Any = None) -> DriftInput:
+                observed: Mapping[str, Any], slo: SLO | None, window_s: float, window: Any = None,
+                hists: Mapping[str, Histogram | None] | None = None) -> DriftInput:
+    """`obs` is the window's summary, `hists` the histogram deltas it computed
+    (`Window.summary(now, hists)`)."""
     cc = latest.config
     blocks = finite_float(cc.num_gpu_blocks)
     bs = finite_float(cc.block_size)
@@ -130,22 +123,15 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
     if mml is None:
         mml = finite_float(cc.max_model_len)
 
-    prompt_hist = _window_hist(window, "prompt_tokens") if window is not None else None
-    gen_hist = _window_hist(window, "generation_tokens") if window is not None else None
-    maxtok_hist = _window_hist(window, "max_tokens_param") if window is not None else None
+    hists = hists or {}
+    prompt_hist = hists.get("prompt_tokens")
+    gen_hist = hists.get("generation_tokens")
+    maxtok_hist = hists.get("max_tokens_param")
     maxtok_top = _top_populated(maxtok_hist)
-    steps_hist = _window_hist(window, "iteration_tokens") if window is not None else None
-    spec_k = None
+    steps_hist = hists.get("iteration_tokens")
     per_pos = getattr(obs, "spec_decode_acceptance_per_pos", ()) or ()
     mean_len = finite_float(getattr(obs, "spec_decode_mean_acceptance_length", None))
-    if window is not None and hasattr(window, "snapshots"):
-        snaps = window.snapshots()
-        if len(snaps) >= 2:
-            a, b = snaps[0].counters, snaps[-1].counters
-            d0, d1 = a.get("spec_decode_num_drafts_total"), b.get("spec_decode_num_drafts_total")
-            t0, t1 = a.get("spec_decode_num_draft_tokens_total"), b.get("spec_decode_num_draft_tokens_total")
-            if None not in (d0, d1, t0, t1) and d1 - d0 > 0:
-                spec_k = (t1 - t0) / (d1 - d0)
+    spec_k = finite_float(getattr(obs, "spec_decode_draft_length", None))
     if spec_k is None and per_pos:
         spec_k = float(len(per_pos))
     prompt = getattr(obs, "prompt_len", None)

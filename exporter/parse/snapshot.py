@@ -7,7 +7,9 @@ names: the mapping from every vLLM era's names to the canonical keys below lives
 from __future__ import annotations
 
 import math
-from operator import sub
+from bisect import bisect_left
+from itertools import accumulate
+from operator import gt, sub
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -74,24 +76,37 @@ class Histogram:
     def quantile(self, q: float) -> float | None:
         """Prometheus `histogram_quantile` semantics: linear interpolation inside the bucket, the
         highest finite bound when the rank falls in +Inf. None when there are no observations."""
-        if not self.counts or not self.bounds:
-            return None
-        total = self.counts[-1]
+        return self.quantiles((q,))[0]
+
+    def quantiles(self, qs: tuple[float, ...]) -> list[float | None]:
+        """`quantile` for each of `qs`, the buckets read once. As Prometheus does, the counts
+        are made monotonic first (a torn scrape can leave a bucket below the one before it),
+        then each rank's bucket is found by binary search."""
+        counts, bounds = self.counts, self.bounds
+        if not counts or not bounds:
+            return [None] * len(qs)
+        total = counts[-1]
         if total <= 0 or math.isnan(total):
-            return None
-        rank = q * total
-        prev_bound, prev_count = 0.0, 0.0
-        for bound, count in zip(self.bounds, self.counts):
-            if count >= rank:
-                if math.isinf(bound):
-                    return prev_bound
-                if count == prev_count:
-                    return bound
-                if prev_bound == 0.0 and bound <= 0:
-                    return bound
-                return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
-            prev_bound, prev_count = bound, count
-        return prev_bound
+            return [None] * len(qs)
+        if any(map(gt, counts, counts[1:])):
+            counts = tuple(accumulate(counts, max))
+        n = len(bounds)
+        out: list[float | None] = []
+        for q in qs:
+            rank = q * total
+            i = bisect_left(counts, rank)
+            if i >= n:
+                out.append(bounds[-1])
+                continue
+            bound, count = bounds[i], counts[i]
+            prev_bound, prev_count = (bounds[i - 1], counts[i - 1]) if i else (0.0, 0.0)
+            if math.isinf(bound):
+                out.append(prev_bound)
+            elif count == prev_count or (prev_bound == 0.0 and bound <= 0):
+                out.append(bound)
+            else:
+                out.append(prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count))
+        return out
 
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None

@@ -26,9 +26,8 @@ OBSERVED_KEYS = (
 
 
 def _num(v: float | None) -> float | None:
-    if v is None or (isinstance(v, float) and (math.isnan(v) or math.isinf(v))):
-        return None
-    return v
+    """v, or None for None, NaN and +-Inf (v - v is 0 for every finite number, NaN otherwise)."""
+    return v if v is None or v - v == 0 else None
 
 
 def _window_ok(observed: Observed | None) -> bool:

@@ -47,8 +47,7 @@ class Quantiles:
         total = hist.counts[-1] if hist.counts else hist.count
         if not total or total <= 0:
             return None
-        return cls(hist.quantile(0.5), hist.quantile(0.9), hist.quantile(0.99), hist.mean(),
-                   hist.count or total)
+        return cls(*hist.quantiles((0.5, 0.9, 0.99)), hist.mean(), hist.count or total)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +74,7 @@ class Observed:
     spec_decode_acceptance_rate: float | None = None
     spec_decode_mean_acceptance_length: float | None = None
     spec_decode_acceptance_per_pos: tuple[float, ...] = ()
+    spec_decode_draft_length: float | None = None  # draft tokens per draft (the configured k)
     # latency (seconds) and request shape (tokens)
     ttft: Quantiles | None = None
     itl: Quantiles | None = None
@@ -232,8 +232,10 @@ class Window:
         self._last_keeper = None
 
     # ------------------------------------------------------------------ reading
-    def summary(self, now: float) -> Observed:
-        """The window as of `now` (snapshots older than now - duration are dropped first)."""
+    def summary(self, now: float, hists: dict | None = None) -> Observed:
+        """The window as of `now` (snapshots older than now - duration are dropped first).
+        `hists`, when given, receives the histogram deltas the summary computed (canonical key
+        -> Histogram or None), for a caller that needs buckets, not only quantiles."""
         self._evict_before(now - self.duration)
         last = self._last
         target = last.target if last else ""
@@ -266,7 +268,7 @@ class Window:
                     waiting_max=waiting[1], max_running_seen=self._max_running_seen)
         if dt <= 0:
             return Observed(**base)
-        return Observed(**base, **_deltas(first, newest, dt))
+        return Observed(**base, **_deltas(first, newest, dt, hists))
 
 
 # the histograms a baseline is differenced for (`_deltas`): the others a scrape parses (vLLM's
@@ -412,12 +414,12 @@ def _counter_delta(first: Snapshot, last: Snapshot, key: str) -> float | None:
     return None if a is None or b is None else b - a
 
 
-def _hist_delta(first: Snapshot, last: Snapshot, key: str) -> Histogram | None:
+def _hist_delta(first: Snapshot, last: Snapshot, key: str, keep: dict) -> Histogram | None:
     b = last.histograms.get(key)
     a = first.histograms.get(key)
-    if a is None or b is None:
-        return None
-    return b.delta(a)
+    d = None if a is None or b is None else b.delta(a)
+    keep[key] = d
+    return d
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -426,7 +428,11 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
-def _deltas(first: Snapshot, last: Snapshot, dt: float) -> dict:
+def _deltas(first: Snapshot, last: Snapshot, dt: float, keep: dict | None = None) -> dict:
+    """Rates, ratios and quantiles between two snapshots `dt` apart; `keep` receives the
+    histogram deltas computed on the way."""
+    if keep is None:
+        keep = {}
     out: dict = {}
     out["prompt_tokens_per_s"] = _rate(first, last, "prompt_tokens_total", dt)
     out["generation_tokens_per_s"] = _rate(first, last, "generation_tokens_total", dt)
@@ -437,7 +443,7 @@ def _deltas(first: Snapshot, last: Snapshot, dt: float) -> dict:
     length_then = first.finished_by_reason.get("length")
     if length_now is not None and length_then is not None:
         out["finished_length_share"] = _ratio(length_now - length_then, finished)
-    steps = _hist_delta(first, last, "iteration_tokens")
+    steps = _hist_delta(first, last, "iteration_tokens", keep)
     if steps is not None:
         out["engine_steps_per_s"] = steps.count / dt if steps.count else (
             steps.counts[-1] / dt if steps.counts else None)
@@ -455,10 +461,11 @@ def _deltas(first: Snapshot, last: Snapshot, dt: float) -> dict:
     out["spec_decode_acceptance_rate"] = _ratio(accepted, drafted)
     mean_accepted = _ratio(accepted, drafts)
     out["spec_decode_mean_acceptance_length"] = None if mean_accepted is None else 1.0 + mean_accepted
+    out["spec_decode_draft_length"] = _ratio(drafted, drafts)
     if drafts and drafts > 0 and len(first.spec_accepted_per_pos) == len(last.spec_accepted_per_pos):
         out["spec_decode_acceptance_per_pos"] = tuple(
             (b - a) / drafts for a, b in zip(first.spec_accepted_per_pos, last.spec_accepted_per_pos))
-    maxtok = _hist_delta(first, last, "max_tokens_param")
+    maxtok = _hist_delta(first, last, "max_tokens_param", keep)
     if maxtok is not None:
         prev, top = 0.0, None
         for bound, count in zip(maxtok.bounds, maxtok.counts):
@@ -469,9 +476,9 @@ def _deltas(first: Snapshot, last: Snapshot, dt: float) -> dict:
     for field, key in (("ttft", "ttft_seconds"), ("itl", "itl_seconds"),
                        ("queue_time", "queue_time_seconds"), ("e2e", "e2e_seconds"),
                        ("prompt_len", "prompt_tokens"), ("generation_len", "generation_tokens")):
-        out[field] = Quantiles.of(_hist_delta(first, last, key))
+        out[field] = Quantiles.of(_hist_delta(first, last, key, keep))
     if "tpot_seconds" in last.histograms:
-        out["tpot"] = Quantiles.of(_hist_delta(first, last, "tpot_seconds"))
+        out["tpot"] = Quantiles.of(_hist_delta(first, last, "tpot_seconds", keep))
         out["tpot_source"] = "request_tpot"
     elif "itl_seconds" in last.histograms:
         out["tpot"] = out["itl"]
