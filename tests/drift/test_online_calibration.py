@@ -157,3 +157,28 @@ def test_unconfigured_slo_is_what_the_hardware_should_deliver():
     rep2 = pipe.evaluate(None, 1.7e9)
     assert rep2.slo_seconds == {"ttft": 0.5, "tpot": 0.05}
     assert rep2.slo_source == {"ttft": "configured", "tpot": "configured"}
+
+
+def test_a_targets_last_answers_are_reused_on_a_grid():
+    """A target evaluated again at a load that differs below the 3-significant-digit grid gets
+    its last answers back (the same prediction object), within 0.5 % of the exact load's; a
+    load that moved is asked again; a target that leaves takes its answers with it."""
+    from exporter.drift.calibration import FleetCalibration
+    from exporter.model.perf import predict
+    from exporter.model.setup import Setup
+    from exporter.model.traffic import Traffic
+
+    setup = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "L4", tp=1)
+    fleet = FleetCalibration()
+    kw = dict(target="http://a:1", model_name="m", prefix_hit_ratio=0.0, tpot_mean=None,
+              window_requests=0.0, lifetime_requests=None, now=0.0)
+    a = fleet.evaluate(setup, prompt_mean=1000.4, output_mean=250.2, running_mean=12.31, **kw)
+    first = fleet.memo[("http://a:1", "m")][1]
+    b = fleet.evaluate(setup, prompt_mean=1000.1, output_mean=250.4, running_mean=12.33, **kw)
+    assert fleet.memo[("http://a:1", "m")][1] is first and a.prior_tpot_s == b.prior_tpot_s
+    exact = predict(setup, Traffic(prompt_tokens_mean=1000.4, output_tokens_mean=250.2), concurrency=12.31)
+    assert abs(a.prior_tpot_s - exact.tpot_s) / exact.tpot_s < 0.005
+    c = fleet.evaluate(setup, prompt_mean=1000.1, output_mean=250.4, running_mean=24.0, **kw)
+    assert fleet.memo[("http://a:1", "m")][1] is not first and c.prior_tpot_s > a.prior_tpot_s
+    fleet.forget("http://a:1", "m")
+    assert fleet.memo == {}
