@@ -42,10 +42,23 @@ UPDATE_INTERVAL_S = 30.0
 POOL_UPDATES_PER_INTERVAL = 8
 # The answers of a target's last evaluation are kept with it: every evaluation of a hinted target
 # asked the model ~7 times (prior, calibrated, a numeric gradient for the spread) at its observed
-# load, 37 % of a soak daemon's CPU, and a steady server asks the same questions again. The load
-# is read on a grid of 3 significant digits (<= 0.5 %, well inside the window's own noise), so
-# a window that slid by one scrape usually asks exactly what the last one did.
+# load, 37 % of a soak daemon's CPU. The load is read on a grid of 3 significant digits (<= 0.5 %,
+# inside the window's own noise); the predictions are reused only at the same grid point (a
+# window's means move by more than that between evaluations of a busy server), the spread, which
+# only decides whether the calibrated prediction is confident, while the load stays within 15 %
+# and the pool has taken fewer than 8 updates.
 SIGMA_REUSE_UPDATES = 8
+SIGMA_REUSE_LOAD = 0.15
+
+
+def _near(then: tuple, updates: int, point: tuple) -> bool:
+    """Whether a spread computed at `then` (pool updates, operating point) still stands."""
+    (u0, (setup0, t0, c0)), (setup, t, c) = then, point
+    if setup0 != setup or not 0 <= updates - u0 < SIGMA_REUSE_UPDATES:
+        return False
+    return all(abs(a - b) <= SIGMA_REUSE_LOAD * b for a, b in (
+        (c, c0), (t.prompt_tokens_mean, t0.prompt_tokens_mean), (t.output_tokens_mean, t0.output_tokens_mean)))\
+        and abs(t.prefix_hit_ratio - t0.prefix_hit_ratio) <= SIGMA_REUSE_LOAD
 
 
 def _grid(v: float) -> float:
@@ -89,7 +102,7 @@ class FleetCalibration:
         self.last_update: dict[tuple[str, str], float] = {}  # (target, model) -> its last update
         self.recent: dict[str, list[float]] = {}             # pool -> times of its recent updates
         # (target, model) -> its last (operating point, prior prediction, calibration, calibrated
-        # prediction, spread, pool updates when the spread was computed)
+        # prediction, spread, (pool updates, operating point) when the spread was computed)
         self.memo: dict[tuple[str, str], tuple] = {}
 
     def set_rows(self, rows: Sequence[Row]) -> None:
@@ -160,10 +173,12 @@ class FleetCalibration:
         # calibration, and a converged pool's posterior wanders by less than that
         cal = (apply(prior, filt.names, [round(m / 0.01) * 0.01 for m in filt.mean])
                if filt.updates or self.rows else None)
-        sigma, sigma_at = None, filt.updates
+        sigma, sigma_at = None, (filt.updates, point)
         if cal is not None:
-            # the spread moves little per update: computed again after SIGMA_REUSE_UPDATES of them
-            if same and last[4] is not None and 0 <= filt.updates - last[5] < SIGMA_REUSE_UPDATES:
+            # the spread of the prediction (5 model runs: a numeric gradient) says only whether
+            # it is confident; it moves slowly with the load and the pool: computed again after
+            # SIGMA_REUSE_UPDATES updates of the pool or a load SIGMA_REUSE_LOAD away
+            if last is not None and last[4] is not None and _near(last[5], filt.updates, point):
                 sigma, sigma_at = last[4], last[5]
             else:
                 sigma = filt.tpot_sigma(prior, Measurement(at, None, None))

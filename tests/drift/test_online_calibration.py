@@ -182,3 +182,13 @@ def test_a_targets_last_answers_are_reused_on_a_grid():
     assert fleet.memo[("http://a:1", "m")][1] is not first and c.prior_tpot_s > a.prior_tpot_s
     fleet.forget("http://a:1", "m")
     assert fleet.memo == {}
+    # the spread (a numeric gradient, 5 model runs) is reused while the load stays within 15 %
+    # and the pool has not moved by 8 updates; it only decides the basis
+    learn = dict(kw, tpot_mean=0.08, window_requests=200.0, one_shot=True)
+    fleet.evaluate(setup, prompt_mean=1000.0, output_mean=250.0, running_mean=12.0, **learn)
+    then = fleet.memo[("http://a:1", "m")][5]
+    assert then[0] == 1 and fleet.memo[("http://a:1", "m")][4] is not None
+    fleet.evaluate(setup, prompt_mean=1050.0, output_mean=240.0, running_mean=12.9, **kw)
+    assert fleet.memo[("http://a:1", "m")][5] is then
+    fleet.evaluate(setup, prompt_mean=1050.0, output_mean=240.0, running_mean=20.0, **kw)
+    assert fleet.memo[("http://a:1", "m")][5] is not then
