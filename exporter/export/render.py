@@ -19,6 +19,7 @@ from typing import Iterable, Iterator
 from prometheus_client.utils import floatToGoString
 
 _MAX_HEADS = 200_000
+_HEAD_SLACK = 1.25     # heads kept per head a render uses before the cache is emptied
 _LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
@@ -106,6 +107,7 @@ class Renderer:
         if len(heads) > _MAX_HEADS:
             heads.clear()
         result: list[tuple[str, str, str]] = []
+        rendered = 0
         for metric in metrics:
             mname, mtype = metric.name, metric.type
             if mtype == "counter":
@@ -148,6 +150,12 @@ class Renderer:
                 append(f"# HELP {base}{suffix} {doc}\n# TYPE {base}{suffix} gauge\n")
                 out.extend(lines)
             result.append((mname, header, "".join(out)))
+            rendered += len(metric.samples)
+        # heads of series that are gone (targets that left) stay until the cache holds a quarter
+        # more than one render needs: a churning fleet's cache then stays near its size instead
+        # of growing to _MAX_HEADS (~60 MB) over hours
+        if keep is None and len(heads) > _HEAD_SLACK * rendered + 1024:
+            heads.clear()
         return result
 
 

@@ -114,3 +114,28 @@ def test_send_parts_gathers_every_byte_through_partial_writes():
     c, d = socket.socketpair()
     send_parts(c, ())                      # nothing to send: no call, no error
     c.close(), d.close()
+
+
+def test_head_cache_follows_a_churning_fleet():
+    """Heads of series that left are dropped once the cache holds a quarter more than a render
+    needs: rendering ever-new targets keeps it near the fleet's size, not growing to its cap."""
+    from exporter.export.render import _HEAD_SLACK
+
+    r = Renderer()
+
+    def fleet(start: int, n: int = 2000):
+        g = GaugeMetricFamily("vllm_drift_target_up", "Up.", labels=["target"])
+        for i in range(start, start + n):
+            g.add_metric([f"http://10.0.{i // 250}.{i % 250}:8000"], 1.0)
+        return [g]
+
+    first = r.render(fleet(0))
+    assert r.cache()[1] == 2000
+    sizes = []
+    for k in range(1, 40):                       # 5 % of the fleet replaced per render
+        body = r.render(fleet(100 * k))
+        sizes.append(r.cache()[1])
+        assert body.count(b"\n") == 2000 + 2
+    assert max(sizes) <= _HEAD_SLACK * 2000 + 1024 and 0 in sizes          # emptied, then refilled
+    assert all(s == 0 or s >= 2000 for s in sizes)
+    assert r.render(fleet(0)) == first           # what it renders never depends on the cache
