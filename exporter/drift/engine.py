@@ -73,12 +73,18 @@ class DriftEngine:
             t = self.trackers[k] = Tracker(raise_after=self.raise_after, clear_after=self.clear_after)
         return t
 
+    # Finding state of a target that left discovery is kept this many windows (1 h with the
+    # default 10 min window): one that comes back (a rescheduled pod, a flapping endpoint)
+    # resumes its hysteresis. In windows, not wall seconds, so that a compressed soak (a
+    # shorter window) sees the steady state a production fleet reaches after an hour.
+    PRUNE_WINDOWS = 6
+
     def prune(self, now: float) -> None:
-        """Forget targets not evaluated for three windows (they left discovery)."""
-        if now - self.last_prune < 60.0:
+        """Forget targets not evaluated for PRUNE_WINDOWS windows (they left discovery)."""
+        if now - self.last_prune < min(60.0, self.cfg.evaluation.window / 10):
             return
         self.last_prune = now
-        horizon = max(3 * self.cfg.evaluation.window, 3600.0)
+        horizon = self.PRUNE_WINDOWS * self.cfg.evaluation.window
         for k in list(self.trackers):
             seen = self.seen.setdefault(k, now)   # restored from state: counts from now
             if now - seen > horizon:

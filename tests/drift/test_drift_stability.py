@@ -172,3 +172,20 @@ def test_random_sequences_respect_minimum_durations():
                 assert any(raw_loud[j] and raw_loud[j - 1] for j in range(1, i + 1)), raw_loud
             if silent_run >= 2:
                 assert out == []
+
+
+def test_state_of_departed_targets_is_forgotten_after_six_windows():
+    """A target not evaluated for 6 windows (it left discovery) loses its finding state; one
+    still evaluated keeps it. In windows, so a compressed soak reaches the steady state a
+    production fleet reaches after an hour (6 x the default 10 min)."""
+    from exporter.config import Config, EvaluationConfig
+    from exporter.drift.engine import DriftEngine
+
+    eng = DriftEngine(Config(evaluation=EvaluationConfig(window=100.0)))
+    eng.tracker("http://gone:1", "m", now=1000.0)
+    for t in range(1000, 1600, 20):
+        eng.tracker("http://here:1", "m", now=float(t))
+    assert set(eng.trackers) == {"http://gone:1|m", "http://here:1|m"}
+    eng.tracker("http://here:1", "m", now=1620.0)         # 620 s > 6 windows since "gone" was seen
+    assert set(eng.trackers) == {"http://here:1|m"} and "http://gone:1|m" not in eng.seen
+    assert DriftEngine(Config()).PRUNE_WINDOWS * Config().evaluation.window == 3600.0
