@@ -75,12 +75,12 @@ class FindingsIndex:
         self.generated_at = generated_at
         self.entries = tuple(entries)
         self.cache = cache
-        self._full: bytes | None = None
 
     def document(self, query: Mapping[str, list[str]] | None = None) -> bytes:
+        """The findings document (a page of it, filtered by `query`). Joined from the reports'
+        cached JSON per request, not kept: the whole document is a second copy of that cache
+        (~4.6 MB at 1,000 targets), and joining it again takes ~1 ms per 1,000 targets."""
         query = query or {}
-        if not query and self._full is not None:
-            return self._full
         targets = set(query.get("target", ()))
         names = set(query.get("finding", ()))
         severities = set(query.get("severity", ()))
@@ -99,10 +99,7 @@ class FindingsIndex:
                  for e in page]
         head = json.dumps({"generated_at": self.generated_at, "total": len(matched), "offset": offset,
                            "next_offset": end if end < len(matched) else None}).encode()
-        doc = head[:-1] + b', "targets": [' + b", ".join(items) + b"]}"
-        if not query:
-            self._full = doc
-        return doc
+        return head[:-1] + b', "targets": [' + b", ".join(items) + b"]}"
 
 
 def _int(query: Mapping[str, list[str]], key: str, default):
