@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import structlog
 
@@ -51,14 +51,26 @@ SIGMA_REUSE_UPDATES = 8
 SIGMA_REUSE_LOAD = 0.15
 
 
+class _Answers(NamedTuple):
+    """A target's last evaluation, kept for the next one."""
+
+    point: tuple                     # (setup, gridded traffic, gridded concurrency)
+    prior: PerfPrediction            # the a-priori prediction there
+    calibration: Calibration | None  # the calibration in use
+    calibrated: PerfPrediction | None  # its prediction there, when confident
+    sigma: float | None              # the posterior spread of log TPOT
+    sigma_at: tuple                  # (pool updates, operating point) when sigma was computed
+
+
 def _near(then: tuple, updates: int, point: tuple) -> bool:
     """Whether a spread computed at `then` (pool updates, operating point) still stands."""
     (u0, (setup0, t0, c0)), (setup, t, c) = then, point
     if setup0 != setup or not 0 <= updates - u0 < SIGMA_REUSE_UPDATES:
         return False
+    if abs(t.prefix_hit_ratio - t0.prefix_hit_ratio) > SIGMA_REUSE_LOAD:
+        return False
     return all(abs(a - b) <= SIGMA_REUSE_LOAD * b for a, b in (
-        (c, c0), (t.prompt_tokens_mean, t0.prompt_tokens_mean), (t.output_tokens_mean, t0.output_tokens_mean)))\
-        and abs(t.prefix_hit_ratio - t0.prefix_hit_ratio) <= SIGMA_REUSE_LOAD
+        (c, c0), (t.prompt_tokens_mean, t0.prompt_tokens_mean), (t.output_tokens_mean, t0.output_tokens_mean)))
 
 
 def _grid(v: float) -> float:
@@ -101,9 +113,7 @@ class FleetCalibration:
         self.seen: dict[tuple[str, str], float] = {}        # (target, model) -> lifetime TPOT count
         self.last_update: dict[tuple[str, str], float] = {}  # (target, model) -> its last update
         self.recent: dict[str, list[float]] = {}             # pool -> times of its recent updates
-        # (target, model) -> its last (operating point, prior prediction, calibration, calibrated
-        # prediction, spread, (pool updates, operating point) when the spread was computed)
-        self.memo: dict[tuple[str, str], tuple] = {}
+        self.memo: dict[tuple[str, str], _Answers] = {}     # (target, model) -> its last answers
 
     def set_rows(self, rows: Sequence[Row]) -> None:
         """New offline rows (a config reload): pools not yet seeded by live data are re-seeded."""
@@ -167,8 +177,8 @@ class FleetCalibration:
                             reason="the fit would leave the physical range of the step-time factors")
         point = (setup, traffic, conc)
         last = self.memo.get((target, model_name))
-        same = last is not None and last[0] == point
-        p0 = last[1] if same else at(None)
+        same = last is not None and last.point == point
+        p0 = last.prior if same else at(None)
         # the factors on a 1 % grid: the costly predictions (capacity, TPOT table) are cached per
         # calibration, and a converged pool's posterior wanders by less than that
         cal = (apply(prior, filt.names, [round(m / 0.01) * 0.01 for m in filt.mean])
@@ -178,15 +188,15 @@ class FleetCalibration:
             # the spread of the prediction (5 model runs: a numeric gradient) says only whether
             # it is confident; it moves slowly with the load and the pool: computed again after
             # SIGMA_REUSE_UPDATES updates of the pool or a load SIGMA_REUSE_LOAD away
-            if last is not None and last[4] is not None and _near(last[5], filt.updates, point):
-                sigma, sigma_at = last[4], last[5]
+            if last is not None and last.sigma is not None and _near(last.sigma_at, filt.updates, point):
+                sigma, sigma_at = last.sigma, last.sigma_at
             else:
                 sigma = filt.tpot_sigma(prior, Measurement(at, None, None))
         confident = cal is not None and sigma is not None and sigma <= CONFIDENT_SIGMA
         p1 = p0
         if confident:
-            p1 = last[3] if same and last[2] == cal and last[3] is not None else at(cal)
-        self.memo[(target, model_name)] = (point, p0, cal, p1 if confident else None, sigma, sigma_at)
+            p1 = last.calibrated if same and last.calibration == cal and last.calibrated is not None else at(cal)
+        self.memo[(target, model_name)] = _Answers(point, p0, cal, p1 if confident else None, sigma, sigma_at)
         # what this server should show at this load: the p99 inter-token gap is a decode step that
         # also carries a full prefill budget (the slowest step continuous batching schedules)
         used = cal if confident and cal is not None else prior

@@ -30,16 +30,7 @@ def _q(quantiles: Any, name: str) -> float | None:
 
 
 def _top_populated(h: Histogram | None) -> float | None:
-    """Upper bound of the highest finite bucket that gained observations."""
-    if h is None:
-        return None
-    prev = 0.0
-    top = None
-    for bound, count in zip(h.bounds, h.counts):
-        if count > prev and math.isfinite(bound):
-            top = bound
-        prev = count
-    return top
+    return None if h is None else h.top_populated()
 
 
 @dataclass(frozen=True)

@@ -184,13 +184,15 @@ def coalesced(parts: Iterable[bytes], size: int = 256 * 1024) -> Iterator[bytes]
 IOV_MAX = 1024      # buffers one sendmsg takes (Linux UIO_MAXIOV; a smaller limit raises OSError)
 
 
-def send_parts(sock, parts: tuple[bytes, ...]) -> None:
+def send_parts(sock, parts: tuple[bytes, ...], ends: list[int] | None = None) -> None:
     """Write the concatenation of `parts` to a blocking (or timeout) socket with gather writes
     (`sendmsg`, up to IOV_MAX buffers a call): the kernel reads the parts where they are, so a
     body of tens of thousands of small blocks is neither joined nor copied in Python. Where
     the bytes a call took end is found by binary search over the parts' cumulative lengths.
-    Raises AttributeError/NotImplementedError on a socket without sendmsg (TLS)."""
-    ends = list(accumulate(map(len, parts)))
+    `ends`: those cumulative lengths when the caller has them. Raises AttributeError or
+    NotImplementedError on a socket without sendmsg (TLS)."""
+    if ends is None:
+        ends = list(accumulate(map(len, parts)))
     total = ends[-1] if ends else 0
     pos = 0
     while pos < total:

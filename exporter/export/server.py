@@ -16,6 +16,7 @@ import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import accumulate
 from typing import Callable
 
 import structlog
@@ -144,9 +145,10 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
         def _send_raw(self, code: int, body: bytes | tuple[bytes, ...], ctype: str,
                       extra: dict[str, str] | None = None) -> None:
             parts = (body,) if isinstance(body, bytes) else body
+            ends = list(accumulate(map(len, parts)))    # the length, and where send_parts is
             self.send_response(code)
             self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(_size(parts)))
+            self.send_header("Content-Length", str(ends[-1] if ends else 0))
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")
             for k, val in (extra or {}).items():
@@ -158,7 +160,7 @@ def make_handler(pub: Published, auth: Authenticator, web: WebConfig):
                 for piece in coalesced(parts):   # many small parts (a target's block each)
                     self.wfile.write(piece)
             else:
-                send_parts(self.connection, parts)
+                send_parts(self.connection, parts, ends)
 
         def _send_metrics(self) -> None:
             """The cached gzip body when the client takes gzip and it is ready (compressed once per

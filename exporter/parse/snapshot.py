@@ -111,6 +111,15 @@ class Histogram:
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None
 
+    def top_populated(self) -> float | None:
+        """Upper bound of the highest finite bucket that gained observations (None: none)."""
+        prev, top = 0.0, None
+        for bound, count in zip(self.bounds, self.counts):
+            if count > prev and math.isfinite(bound):
+                top = bound
+            prev = count
+        return top
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

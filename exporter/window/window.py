@@ -467,12 +467,7 @@ def _deltas(first: Snapshot, last: Snapshot, dt: float, keep: dict | None = None
             (b - a) / drafts for a, b in zip(first.spec_accepted_per_pos, last.spec_accepted_per_pos))
     maxtok = _hist_delta(first, last, "max_tokens_param", keep)
     if maxtok is not None:
-        prev, top = 0.0, None
-        for bound, count in zip(maxtok.bounds, maxtok.counts):
-            if count > prev and math.isfinite(bound):
-                top = bound
-            prev = count
-        out["max_tokens_top"] = top
+        out["max_tokens_top"] = maxtok.top_populated()
     for field, key in (("ttft", "ttft_seconds"), ("itl", "itl_seconds"),
                        ("queue_time", "queue_time_seconds"), ("e2e", "e2e_seconds"),
                        ("prompt_len", "prompt_tokens"), ("generation_len", "generation_tokens")):
