@@ -62,6 +62,10 @@ FACTORS: tuple[Factor, ...] = (
     # KV pool actually held, relative to the prediction (fitted offline from rows whose queueing
     # shows it: an FP8 KV scheme doubles it); the daemon reads the pool from the server
     Factor("kv_capacity", ("kv_capacity_scale",), 0.7, 0.25, 4.0),
+    # KV bytes attention reads per context token (an FP8 KV cache halves them): separates the
+    # growth of TPOT with context from the weight reads, which a two-level sweep cannot do with
+    # the bandwidth factor alone (it lands above 1). Bounds: FP8 (0.5) to a little over bf16
+    Factor("kv_read", ("kv_read_scale",), 0.35, 0.45, 1.15),
 )
 FACTOR_NAMES = tuple(f.name for f in FACTORS)
 # Online, the TTFT terms are not identifiable from one operating point and would soak up noise:
@@ -233,6 +237,18 @@ def map_fit(prior: Calibration, meas: Sequence[Measurement], names: Sequence[str
         info = jac.T @ (w[:, None] * jac) + p0_inv
         grad = jac.T @ (w * r) + p0_inv @ (x - m0)
         step = np.linalg.solve(info, -grad)
+        if constrained:
+            # active set: a factor held at its physical bound whose step points outward stays
+            # there, and the others are re-solved without it (clipping the joint step instead
+            # would leave them where the unbounded solution wanted them, beside a factor that
+            # can no longer do its share)
+            lo, hi = bounds(prior, names)
+            held = ((x <= lo + 1e-9) & (step < 0)) | ((x >= hi - 1e-9) & (step > 0))
+            if held.any():
+                idx = np.flatnonzero(~held)
+                step = np.zeros(k)
+                if idx.size:
+                    step[idx] = np.linalg.solve(info[np.ix_(idx, idx)], -grad[idx])
         # damp steps that would leave the linear region (the model saturates and has kinks)
         norm = float(np.max(np.abs(step)))
         if norm > 0.7:
@@ -260,8 +276,9 @@ def _mean_rel_error(meas: Sequence[Measurement], cal: Calibration) -> float:
 # A measured row the fitted model misses by more than this (relative, TPOT or TTFT) is an outlier:
 # a load the row does not describe (a client-side concurrency cap, a warm-up, a co-tenant).
 OUTLIER = math.log(1.5)
-# A fit held at a physical bound is still used when its error on the rows stays under this.
-ACCEPTABLE_ERROR = 0.05
+# A fit held at a physical bound is still used when its error on the rows stays under this (the
+# bounded fit re-solves the other factors with the bound held: map_fit's active set).
+ACCEPTABLE_ERROR = 0.10
 
 
 def fit_rows(prior: Calibration, meas: Sequence[Measurement],
@@ -269,8 +286,8 @@ def fit_rows(prior: Calibration, meas: Sequence[Measurement],
     """The calibration that best explains `meas` (measured rows) under the prior.
 
     A fit that lands beyond physics (past `PHYSICS_TOLERANCE`) is rejected. Rows the fitted model
-    still misses by more than `OUTLIER` are set aside one at a time, worst first, while more than
-    one row is left; `Fit.outliers` names them."""
+    still misses by more than `OUTLIER`, or that only an unphysical fit explains, are set aside one
+    at a time, worst first, while more than one row is left; `Fit.outliers` names them."""
     names = tuple(names)
     prior_err = _mean_rel_error(meas, prior)
     if not meas:
@@ -282,23 +299,23 @@ def fit_rows(prior: Calibration, meas: Sequence[Measurement],
         free, _ = map_fit(prior, kept, names)
         x, cov = map_fit(prior, kept, names, constrained=True)
         cal = apply(prior, names, x)
+        fit_err = _mean_rel_error(kept, cal)
         worst = max((max((abs(v) for v in _residuals(m, cal)[0]), default=0.0) for m in kept), default=0.0)
-        if worst <= OUTLIER or len(kept) <= 1:
+        broke = physical(prior, names, free, PHYSICS_TOLERANCE)
+        # the best fit lies outside physics: the bounded one stands only if it explains the rows
+        # nearly as well (the excess was noise the other factors absorb)
+        unphysical = bool(broke) and fit_err > max(1.5 * _mean_rel_error(kept, apply(prior, names, free)),
+                                                   ACCEPTABLE_ERROR)
+        if (worst <= OUTLIER and not unphysical) or len(kept) <= 1:
             break
-        # the fit cannot hold every row: set aside the one the a-priori model (the independent
-        # judge; the fit was pulled by all of them) explains worst
+        # the fit cannot hold every row (or only beyond physics): set aside the one the a-priori
+        # model (the independent judge; the fit was pulled by all of them) explains worst
         judge = [max((abs(v) for v in _residuals(m, prior)[0]), default=0.0) for m in kept]
         outliers.append(kept.pop(int(np.argmax(judge))).label)
     cov_t = tuple(tuple(float(v) for v in row) for row in cov)
-    fit_err = _mean_rel_error(kept, cal)
-    broke = physical(prior, names, free, PHYSICS_TOLERANCE)
-    if broke:
-        # the best fit lies outside physics; the bounded one is kept only if it explains the rows
-        # nearly as well (the excess was noise the prior's other factors absorb), else rejected
-        free_err = _mean_rel_error(kept, apply(prior, names, free))
-        if fit_err > max(1.5 * free_err, ACCEPTABLE_ERROR):
-            return Fit(prior, names, tuple(float(v) for v in free), cov_t, prior_err, prior_err,
-                       len(kept), rejected=broke, outliers=tuple(outliers), ttft_aside=ttft_aside)
+    if unphysical:
+        return Fit(prior, names, tuple(float(v) for v in free), cov_t, prior_err, prior_err,
+                   len(kept), rejected=broke, outliers=tuple(outliers), ttft_aside=ttft_aside)
     return Fit(cal, names, tuple(float(v) for v in x), cov_t, fit_err, prior_err,
                len(kept), outliers=tuple(outliers), ttft_aside=ttft_aside)
 

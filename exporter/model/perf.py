@@ -63,6 +63,10 @@ class Calibration:
                   priori; measured rows whose queueing shows another capacity (an FP8 KV scheme
                   the checkpoint carried, another memory setting) fit it (`calc --calibrate`);
                   the daemon reads the real pool from the server instead
+    kv_read_scale KV bytes decode attention reads per context token relative to the predicted
+                  cache dtype: 1 a priori; 0.5 is a server storing its KV cache in FP8 that calc
+                  was not told about (`--kv-cache-dtype fp8`, common in Blackwell benchmark
+                  recipes), fitted by `calc --calibrate` from how TPOT grows with context
 
     The step-time factors (what an online calibration fits, issue 15) are STEP_FACTORS; the
     TTFT/queueing factors are TTFT_FACTORS.
@@ -88,13 +92,14 @@ class Calibration:
     attn_bw_eff: float = 1.0
     kv_capacity_scale: float = 1.0
     sample_sort_s: float = 0.0
+    kv_read_scale: float = 1.0
 
 
 # the free factors of the step-time model, few and physical (fitted per GPU class offline by
 # benchmarks/accuracy_latency.py --fit, online by the calibration of issue 15)
 STEP_FACTORS = ("bw_eff", "flops_eff_bf16", "flops_eff_fp8", "flops_eff_fp4", "moe_flops_eff",
                 "moe_bw_eff", "attn_bw_eff", "step_overhead_s", "per_seq_s", "per_token_s",
-                "layer_sync_s", "sample_sort_s")
+                "layer_sync_s", "sample_sort_s", "kv_read_scale")
 TTFT_FACTORS = ("ttft_steps", "ttft_fixed_s", "queue_factor", "ttft_prefill_factor")
 
 # Relative efficiency of vLLM's fused-MoE kernel per expert weight format, against the MXFP4
@@ -264,7 +269,7 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
         span = prefill_context_tokens + prefill_tokens / 2.0
         attn_flops += prefill_tokens * (span * shape.attn_flops_per_ctx_token
                                         + min(span, shape.swa_window) * shape.swa_attn_flops_per_ctx_token)
-    t_attn = max(kv / (bw * cal.attn_bw_eff), attn_flops / eff_peak)
+    t_attn = max(kv * cal.kv_read_scale / (bw * cal.attn_bw_eff), attn_flops / eff_peak)
     # host: a fixed cost plus one per request in the batch; GPU small kernels: per token, on
     # this rank's slice (split over TP), and the sampler's sort per request (whole vocabulary on
     # every rank), both at this GPU's bandwidth relative to the class reference

@@ -53,6 +53,32 @@ def test_fit_from_two_levels_predicts_the_levels_between():
         assert abs(got.tpot_s - want.tpot_s) < abs(before.tpot_s - want.tpot_s)
 
 
+def test_kv_read_factor_finds_a_kv_cache_half_the_predicted_bytes():
+    """A server storing its KV cache in FP8 that calc was not told about (benchmark harnesses pass
+    --kv-cache-dtype fp8 on Blackwell): decode attention reads half the bytes, so TPOT grows half
+    as fast with context. Fitted from the lowest and highest level of a long-output sweep, the
+    kv_read factor lands near 0.5 and the levels between follow; without it the bandwidth factor
+    alone cannot (it would have to exceed 1 for the growth and stay put for the weights)."""
+    setup = _setup()
+    prior = calibration_for(shape_for(setup).gpu_name)
+    truth = replace(prior, kv_read_scale=0.5)
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=8192)
+
+    def meas(c):
+        true = predict(setup, t, concurrency=c, calibration=truth)
+        return Measurement(lambda k: predict(setup, t, concurrency=c, calibration=k), true.tpot_s,
+                           true.ttft_s, weight=c * 20, label=f"c={c}")
+    seen = [meas(4), meas(64)]
+    with_kv = fit_rows(prior, seen)
+    without = fit_rows(prior, seen, names=[n for n in with_kv.names if n != "kv_read"])
+    assert with_kv.rejected is None and 0.4 < with_kv.calibration.kv_read_scale < 0.65
+    for c in (8, 16, 32):
+        want = predict(setup, t, concurrency=c, calibration=truth).tpot_s
+        err = abs(predict(setup, t, concurrency=c, calibration=with_kv.calibration).tpot_s - want) / want
+        err0 = abs(predict(setup, t, concurrency=c, calibration=without.calibration).tpot_s - want) / want
+        assert err < 0.03 and err <= err0
+
+
 def test_an_unphysical_fit_is_rejected():
     setup = _setup()
     prior = calibration_for(shape_for(setup).gpu_name)
