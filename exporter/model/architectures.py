@@ -366,7 +366,7 @@ KNOWN_MODEL_TYPES = frozenset({
     "deepseek_v2", "deepseek_v3", "kimi_vl", "kimi_k2", "gemma", "gemma2", "gemma3", "gemma3_text",
     "phi", "phi3", "phi3small", "phimoe", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss", "starcoder2",
     "falcon", "opt", "jamba", "nemotron_h", "granite", "granitemoe", "olmo", "olmo2", "olmoe",
-    "internlm2", "baichuan", "chatglm", "glm", "glm4", "glm4_moe", "minimax", "minimax_m2",
+    "internlm2", "baichuan", "chatglm", "glm", "glm4", "glm4_moe", "minimax", "minimax_m2", "kimi_k25",
     "llava", "llava_next", "mllama", "idefics3", "internvl_chat", "cohere", "cohere2", "exaone",
     "ernie4_5", "ernie4_5_moe", "hunyuan", "dbrx", "stablelm", "mpt", "bloom", "gptj",
 })
@@ -441,7 +441,7 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
     if n_experts:
-        if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax"):
+        if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax", "minimax_m2"):
             moe_inter = int(_need(cfg, ("intermediate_size",), where))
             inter = int(_opt(cfg, "intermediate_size_mlp", default=moe_inter))
         else:

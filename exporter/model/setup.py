@@ -40,8 +40,12 @@ _KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"
 
 
 def parse_version(text: str | tuple | None) -> Version:
-    """'0.19.0', 'v0.11.2', '0.6.4.post1' -> (0, 19, 0); None -> the default."""
+    """'0.19.0', 'v0.11.2', '0.6.4.post1' -> (0, 19, 0); None -> the default. A build from the main
+    branch ('nightly', 'nightly-<commit>', 'main', 'latest', as images and benchmark tables name
+    them) has no release number: it follows the newest release modelled, the default."""
     if text is None or text == "":
+        return DEFAULT_VLLM_VERSION
+    if isinstance(text, str) and text.strip().lower().split("-")[0] in ("nightly", "main", "latest"):
         return DEFAULT_VLLM_VERSION
     version = read_version(text)
     if version is None:

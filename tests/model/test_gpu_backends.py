@@ -69,3 +69,11 @@ def test_metric_names_with_a_backend_word():
     assert backend_of(metric_names=["vllm:num_requests_running", "vllm:tpu_hbm_usage_bytes"]).kind == "tpu"
     # process_cpu_seconds_total is on every server: "cpu" in a metric name is no evidence
     assert backend_of(metric_names=["process_cpu_seconds_total", "vllm:num_cpu_blocks"]).kind == "unknown"
+
+
+@pytest.mark.parametrize("text", ["nightly", "nightly-5b8c30d62b754b57", "main", "latest"])
+def test_a_main_branch_build_follows_the_newest_modelled_release(text):
+    from exporter.model.setup import DEFAULT_VLLM_VERSION, parse_version
+    assert parse_version(text) == DEFAULT_VLLM_VERSION
+    with pytest.raises(Exception, match="cannot read"):
+        parse_version("tuesday")

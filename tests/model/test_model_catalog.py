@@ -46,6 +46,9 @@ def test_required_models_resolve(model_id):
     ("google/gemma-2-9b-it", 9.24, None), ("google/gemma-2-27b-it", 27.2, None), ("microsoft/phi-2", 2.78, None),
     ("microsoft/phi-4", 14.7, None), ("openai/gpt-oss-20b", 20.9, None), ("openai/gpt-oss-120b", 116.8, None),
     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 109.0, 17.0), ("codellama/CodeLlama-7b-hf", 6.74, None),
+    # model cards: "229B total, 10B activated" (+1.2B embeddings and head we count as active) and
+    # "1T total, 32B activated" (the vision tower is counted in the total)
+    ("MiniMaxAI/MiniMax-M2.5", 229.0, 11.0), ("moonshotai/Kimi-K2.5", 1027.0, 32.9),
 ])
 def test_parameter_counts_match_model_cards(model_id, total, active):
     arch = resolve_model(model_id)
@@ -216,3 +219,15 @@ def test_yarn_rope_scaling_extends_the_derived_max_model_len(tmp_path):
         "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 131072,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}))
     assert llama3.max_position_embeddings == 131072
+
+
+def test_minimax_m2_experts_use_intermediate_size_and_kimi_k25_reads_its_text_config():
+    """MiniMax-M2's config names the expert width `intermediate_size` (no moe_intermediate_size;
+    vLLM's minimax_m2.py builds FusedMoE from it); Kimi-K2.5 nests a DeepSeek-V3 text model."""
+    m = resolve_model("MiniMaxAI/MiniMax-M2.5")
+    assert m.num_experts == 256 and m.experts_per_token == 8 and m.moe_intermediate_size == 1536
+    assert m.quantization == "fp8" and m.attention == "gqa" and m.num_kv_heads == 8
+    k = resolve_model("moonshotai/Kimi-K2.5")
+    assert k.attention == "mla" and k.num_experts == 384 and len(k.moe_layers) == 60
+    assert k.quantization == "w4a16" and k.max_position_embeddings == 262144
+    assert resolve_model("nvidia/Kimi-K2.5-NVFP4").num_experts == 384
