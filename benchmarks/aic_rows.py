@@ -1,0 +1,63 @@
+"""Convert NVIDIA aiconfigurator's measured serving table (`silicon_sample.csv`, public) into the
+columns of ../shared/fixtures/throughput-observations.csv, so the accuracy benchmarks and the
+outside checks run on GPUs and models the shipped factors were not fitted to.
+
+  git clone https://github.com/ai-dynamo/aiconfigurator
+  python benchmarks/aic_rows.py aiconfigurator/aic-core/src/aiconfigurator_core/systems/silicon_sample.csv \
+      --gpu B200 --gpu H200 > /tmp/heldout.csv
+  python benchmarks/accuracy_latency.py --csv /tmp/heldout.csv
+  python benchmarks/accuracy_calibrated.py --csv /tmp/heldout.csv
+
+Only vLLM rows of aggregated serving with plain tensor parallelism are kept (no attention data
+parallelism, expert parallelism or pipeline stages: what `calc --tp N` describes). The table is
+not copied into this repository; this script reads a clone of it.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "b200_sxm": "B200-180GB",
+           "b300_sxm": "B300-288GB", "gb200": "GB200-186GB"}
+COLUMNS = ["model", "gpu", "tp", "dtype", "input_len", "output_len", "concurrency", "output_tok_s",
+           "tpot_ms", "ttft_ms", "source", "num_gpus", "engine", "engine_version",
+           "output_tok_s_derived", "notes"]
+
+
+def convert(path: str, gpus: list[str]) -> list[dict]:
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            gpu = SYSTEMS.get(r.get("system", ""))
+            if (r.get("backend") != "vllm" or r.get("mode") != "agg" or gpu is None
+                    or (gpus and not any(g.upper() in gpu.upper() for g in gpus))):
+                continue
+            if (r.get("attention_dp_size") not in ("", "1") or r.get("moe_ep_size") not in ("", "0", "1")
+                    or r.get("pp_size") != "1" or not r.get("silicon_tpot_ms") or not r.get("silicon_ttft_ms")):
+                continue
+            out.append({"model": r["model_path"], "gpu": gpu, "tp": r["tp_size"],
+                        "dtype": r["precision"] or "bf16", "input_len": r["isl"], "output_len": r["osl"],
+                        "concurrency": r["batch_size"], "output_tok_s": "",
+                        "tpot_ms": r["silicon_tpot_ms"], "ttft_ms": r["silicon_ttft_ms"],
+                        "source": "aiconfigurator silicon_sample.csv", "num_gpus": r["tp_size"],
+                        "engine": "vllm", "engine_version": r.get("backend_version") or "unrecorded",
+                        "output_tok_s_derived": "", "notes": r.get("id", "")})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("silicon_csv")
+    ap.add_argument("--gpu", action="append", default=[], help="keep these GPUs (substring, repeatable)")
+    a = ap.parse_args()
+    rows = convert(a.silicon_csv, a.gpu)
+    w = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
+    w.writeheader()
+    w.writerows(rows)
+    print(f"aic_rows: {len(rows)} rows", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
