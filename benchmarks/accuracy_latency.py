@@ -35,7 +35,7 @@ CSV = SHARED / "fixtures" / "throughput-observations.csv"
 PARAMS = {"bw_eff": 1.0, "flops_eff_bf16": 1.0, "flops_eff_fp8": 1.0, "step_overhead_s": 1e-3,
           "layer_sync_s": 1e-6, "per_token_s": 1e-6, "per_seq_s": 1e-6, "moe_bw_eff": 1.0,
           "ttft_steps": 1.0, "moe_flops_eff": 1.0, "queue_factor": 0.01, "ttft_prefill_factor": 1.0,
-          "attn_bw_eff": 1.0, "sample_sort_s": 1e-5}
+          "attn_bw_eff": 1.0, "sample_sort_s": 1e-5, "layer_s": 1e-5}
 
 
 def load_rows(path: Path = CSV) -> list[dict]:
@@ -180,7 +180,7 @@ MIN_FORMAT_ROWS = 10
 PRIOR = {"bw_eff": 0.8, "flops_eff_bf16": 0.5, "flops_eff_fp8": 0.5, "step_overhead_s": 1e-3,
          "layer_sync_s": 20e-6, "per_token_s": 5e-6, "per_seq_s": 1e-6, "moe_bw_eff": 0.9,
          "ttft_steps": 3.0, "moe_flops_eff": 0.8, "queue_factor": 0.03, "ttft_prefill_factor": 1.0,
-         "attn_bw_eff": 0.8, "sample_sort_s": 2e-5}
+         "attn_bw_eff": 0.8, "sample_sort_s": 2e-5, "layer_s": 10e-6}
 
 
 def identifiable(rows: list[dict]) -> list[str]:

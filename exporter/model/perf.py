@@ -63,6 +63,10 @@ class Calibration:
                   priori; measured rows whose queueing shows another capacity (an FP8 KV scheme
                   the checkpoint carried, another memory setting) fit it (`calc --calibrate`);
                   the daemon reads the real pool from the server instead
+    layer_s       fixed GPU time per decoder layer and step at any TP: the floor of the dozen
+                  kernels a layer runs (norms, GEMMs, rotary, attention, activation, quant) under
+                  CUDA graphs, which a small batch does not amortise; `layer_sync_s` is what an
+                  all-reduce adds to it at TP > 1
     kv_read_scale KV bytes decode attention reads per context token relative to the predicted
                   cache dtype: 1 a priori; 0.5 is a server storing its KV cache in FP8 that calc
                   was not told about (`--kv-cache-dtype fp8`, common in Blackwell benchmark
@@ -93,13 +97,14 @@ class Calibration:
     kv_capacity_scale: float = 1.0
     sample_sort_s: float = 0.0
     kv_read_scale: float = 1.0
+    layer_s: float = 0.0
 
 
 # the free factors of the step-time model, few and physical (fitted per GPU class offline by
 # benchmarks/accuracy_latency.py --fit, online by the calibration of issue 15)
 STEP_FACTORS = ("bw_eff", "flops_eff_bf16", "flops_eff_fp8", "flops_eff_fp4", "moe_flops_eff",
                 "moe_bw_eff", "attn_bw_eff", "step_overhead_s", "per_seq_s", "per_token_s",
-                "layer_sync_s", "sample_sort_s", "kv_read_scale")
+                "layer_sync_s", "sample_sort_s", "kv_read_scale", "layer_s")
 TTFT_FACTORS = ("ttft_steps", "ttft_fixed_s", "queue_factor", "ttft_prefill_factor")
 
 # Relative efficiency of vLLM's fused-MoE kernel per expert weight format, against the MXFP4
@@ -125,12 +130,19 @@ CALIBRATIONS: dict[str, Calibration] = {
     # BW_EFF_MAX (0.93). Cross-validated figures:
     # `python benchmarks/accuracy_latency.py --cv`. FP4 GEMMs have no Hopper rows: the FP8
     # factor stands in for them.
+    # Per-layer time: the fit put 2 x 26.7 us per layer into the all-reduce latency, fitted on
+    # TP >= 2 rows, so TP1 came out 3.5-5 ms per step too fast (80-layer Llama-3.1-70B on H200
+    # and B200, 36-layer gpt-oss on H200: 40-75 us per layer missing). That time is the layer's
+    # kernel floor, present at any TP: split as layer_s 43.4 us + 2 x 5.0 us of all-reduce (the
+    # same 53.4 us at TP >= 2; the split is the one the shared TP1 rows prefer, 16 rows of
+    # Llama-3.1-70B on H200: TPOT 22.0 -> 14.8 %).
     "hopper": Calibration("hopper", bw_eff=0.930, flops_eff_bf16=0.569, flops_eff_fp8=0.789,
-                          flops_eff_fp4=0.789, step_overhead_s=1.273e-3, layer_sync_s=26.7e-6,
+                          flops_eff_fp4=0.789, step_overhead_s=1.273e-3, layer_sync_s=5.0e-6,
                           per_token_s=4.32e-6, ttft_steps=3.83, ttft_fixed_s=0.0,
                           moe_flops_eff=0.483, queue_factor=0.0355, ttft_prefill_factor=1.49,
                           source=_FIT_SOURCE, per_seq_s=0.90e-6, moe_bw_eff=0.943,
-                          ref_bw_tbps=3.35, attn_bw_eff=0.878, sample_sort_s=29.1e-6),
+                          ref_bw_tbps=3.35, attn_bw_eff=0.878, sample_sort_s=29.1e-6,
+                          layer_s=43.4e-6),
     # Blackwell (B200/B300/GB200, RTX PRO 6000): no measured rows here, so not Hopper's numbers
     # stretched but each factor carried over by what it physically is:
     # - host costs (step_overhead_s, per_seq_s) and the all-reduce latency (layer_sync_s,
@@ -275,7 +287,7 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     # every rank), both at this GPU's bandwidth relative to the class reference
     seqs = b + (1.0 if prefill_tokens else 0.0)
     bw_scale = cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s
-    t = (t_gemm + t_attn + cal.step_overhead_s + cal.per_seq_s * seqs
+    t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + cal.per_seq_s * seqs
          + cal.per_token_s * bw_scale / shape.tp * tokens
          + cal.sample_sort_s * shape.sort_vocab / 1e5 * bw_scale * seqs)
     if shape.tp > 1:

@@ -28,9 +28,10 @@ def test_decode_step_of_8b_bf16_on_h100_is_weights_over_bandwidth():
     layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
     weights = (32 * layer + 128256 * 4096 + 4096) * 2
     t = perf.step_time_s(s, decode_seqs=1, decode_context_tokens=1, prefill_tokens=0)
-    expected = weights / (3.35e12 * cal.bw_eff) + cal.step_overhead_s + cal.per_token_s
+    expected = weights / (3.35e12 * cal.bw_eff) + cal.step_overhead_s + cal.per_token_s + 32 * cal.layer_s
     assert t == pytest.approx(expected, rel=0.02)
-    # ~16 GB at ~3 TB/s: 5-6 ms, the published H100 batch-1 figure for an 8B bf16 model
+    # ~16 GB at ~3 TB/s plus the per-layer kernel floor: 5-8 ms, the published H100 batch-1 range
+    # for an 8B bf16 model
     assert 0.004 < t < 0.008
 
 

@@ -77,7 +77,7 @@ def test_small_pool_kv_moves_by_whole_blocks_and_swings_like_the_real_server():
     real_rate, sim_rate = rate(real, "num_preemptions_total"), rate(sim, "num_preemptions_total")
     assert real_rate / 3 <= sim_rate <= real_rate * 3, (sim_rate, real_rate)
     real_gen, sim_gen = rate(real, "generation_tokens_total"), rate(sim, "generation_tokens_total")
-    # an L4 running a 28-layer 0.6B model vs a CPU running a 2-layer toy: the same order
+    # an L40S running a 28-layer 0.6B model vs a CPU running a 2-layer toy: the same order
     assert real_gen / 3 <= sim_gen <= real_gen * 3, (sim_gen, real_gen)
 
 
