@@ -116,6 +116,20 @@ TTFT_FACTORS = ("ttft_steps", "ttft_fixed_s", "queue_factor", "ttft_prefill_fact
 MOE_FORMAT_EFF = {"mxfp4": 1.0, "fp8": 0.67, "bf16": 0.85, "int4": 0.85}
 
 
+# Dequantizing MoE kernels (4-bit experts upcast in registers: MXFP4 through triton_kernels'
+# matmul_ogs or Marlin on Hopper, INT4 through Marlin MoE) stream expert weights at a rate that
+# does not grow with a faster HBM of the same class: the dequantization and the few rows per
+# expert at decode batch sizes, not the memory, set it. Hopper's MoE factors were fitted on H100
+# (3.35 TB/s); an H200 (4.8 TB/s) streams 4-bit experts at the H100 rate: gpt-oss-120b on H200
+# (aiconfigurator's rows) runs 1.1-5.2 ms per step slower than H200 bandwidth predicts, growing
+# with the experts touched and halving with each TP doubling, as H100's rate gives (0.8-5.6 ms);
+# those rows chose this term (not held out for it); Kimi-K2.5 INT4 on H200 was not used and
+# goes from 27 to 16 % TPOT error. FP8 experts (tensor-core FP8, no upcast) do not follow it
+# (MiniMax-M2.5 FP8 on H200 grows slower than H200 bandwidth predicts), nor Blackwell's native
+# FP4 grouped GEMMs.
+MOE_STREAM_CAP_TBPS = {"hopper": 3.35}
+
+
 _FIT_SOURCE = ("Nelder-Mead fit of the objective in benchmarks/accuracy_latency.py (--fit reruns it) on "
                "../shared/fixtures/throughput-observations.csv, H100-SXM and H200-SXM rows, c <= 256")
 
@@ -228,6 +242,8 @@ class Shape:
     gpu_vendor: str
     expert_kernel_eff: float = 1.0  # MOE_FORMAT_EFF of the expert weight format
     sort_vocab: float = 0.0         # vocabulary the sampler sorts per request (0: no top-k/top-p)
+    expert_stream_bps: float = 0.0  # most HBM bytes/s the fused-MoE kernels of this GPU class
+                                    # stream expert weights at (0: the GPU's bandwidth)
     allreduce_hops: float = 1.0     # latency multiple of one all-reduce: 1 with vLLM's one-shot
                                     # custom all-reduce, tp-1 for NCCL's ring on >2 PCIe GPUs
 
@@ -269,7 +285,8 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     # compute (a prefill-heavy mixed step pays both)
     t_w = w / bw
     if w_exp:
-        t_w += w_exp / (bw * cal.moe_bw_eff * shape.expert_kernel_eff)
+        bw_exp = cal.bw_eff * min(shape.bw_bytes_per_s, shape.expert_stream_bps or math.inf)
+        t_w += w_exp / (bw_exp * cal.moe_bw_eff * shape.expert_kernel_eff)
     eff_peak = _flops_eff(cal, shape) * shape.peak_flops
     t_gemm = max(t_w, shape.flops_per_token * tokens / eff_peak)
     # attention: decode queries each over their context; prefill causal over the chunk plus the
@@ -562,6 +579,8 @@ def shape_for(setup: Any) -> Shape:
         gpu_name=gpu.name,
         gpu_vendor=gpu.vendor,
         expert_kernel_eff=MOE_FORMAT_EFF[fmt],
+        expert_stream_bps=(MOE_STREAM_CAP_TBPS.get(gpu_class(gpu.name, gpu.vendor), 0.0) * 1e12
+                           if fmt in ("mxfp4", "int4") else 0.0),
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,
     )

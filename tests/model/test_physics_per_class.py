@@ -195,3 +195,25 @@ def test_an_exact_checkpoint_size_rescales_the_derived_weights_when_loaded_as_st
     # runtime quantization loads something else than the checkpoint: no correction
     q = s.with_(model=exact_model, quantization="fp8")
     assert weights_bytes(q) == pytest.approx(weights_bytes(s.with_(quantization="fp8")), rel=1e-12)
+
+
+def test_dequantizing_moe_kernels_on_hopper_stream_experts_at_the_h100_rate():
+    """4-bit experts (MXFP4, INT4) are upcast in the kernel, whose rate does not follow an H200's
+    faster HBM: the experts' share of a decode step takes as long on H200 as on H100, while the
+    dense weights and an FP8 MoE (no upcast) do speed up by the bandwidth ratio."""
+    def expert_time(model, gpu, quant=None):
+        s = Setup.build(model, gpu, tp=1, quantization=quant, max_model_len=8192)
+        shape, cal = perf.shape_for(s), perf.calibration_for(s.gpu.name)
+        no_experts = replace(shape, expert_weight_bytes=0.0)
+        step = perf.step_time_shape(shape, cal, 64, 64 * 1024, 0.0)
+        return step - perf.step_time_shape(no_experts, cal, 64, 64 * 1024, 0.0), shape
+    h100, s100 = expert_time("openai/gpt-oss-120b", "H100")
+    h200, s200 = expert_time("openai/gpt-oss-120b", "H200")
+    assert s200.expert_stream_bps == pytest.approx(3.35e12) and s100.expert_stream_bps == pytest.approx(3.35e12)
+    assert h200 == pytest.approx(h100, rel=0.02)
+    fp8_100, _ = expert_time(MOE, "H100", "fp8")
+    fp8_200, s = expert_time(MOE, "H200", "fp8")
+    assert s.expert_stream_bps == 0.0
+    assert fp8_100 / fp8_200 == pytest.approx(4.8 / 3.35, rel=0.02)
+    # Blackwell's grouped GEMMs read FP4 natively: no cap
+    assert expert_time("openai/gpt-oss-120b", "B200")[1].expert_stream_bps == 0.0
