@@ -124,10 +124,12 @@ MOE_FORMAT_EFF = {"mxfp4": 1.0, "fp8": 0.67, "bf16": 0.85, "int4": 0.85}
 # (aiconfigurator's rows) runs 1.1-5.2 ms per step slower than H200 bandwidth predicts, growing
 # with the experts touched and halving with each TP doubling, as H100's rate gives (0.8-5.6 ms);
 # those rows chose this term (not held out for it); Kimi-K2.5 INT4 on H200 was not used and
-# goes from 27 to 16 % TPOT error. FP8 experts (tensor-core FP8, no upcast) do not follow it
-# (MiniMax-M2.5 FP8 on H200 grows slower than H200 bandwidth predicts), nor Blackwell's native
-# FP4 grouped GEMMs.
-MOE_STREAM_CAP_TBPS = {"hopper": 3.35}
+# goes from 27 to 16 % TPOT error. Marlin MoE is the same kernel on Blackwell (INT4 has no
+# native path there): Kimi-K2.5 INT4 on B200 ran ~1.75x slower than B200 bandwidth predicts at
+# every concurrency, 35.5 -> 16.7 % with the same rate (those rows chose to extend it). FP8
+# experts (tensor-core FP8, no upcast) do not follow it (MiniMax-M2.5 FP8 on H200 grows slower
+# than H200 bandwidth predicts), nor Blackwell's native FP4 grouped GEMMs (MXFP4, NVFP4).
+MOE_STREAM_CAP_TBPS = {("hopper", "mxfp4"): 3.35, ("hopper", "int4"): 3.35, ("blackwell", "int4"): 3.35}
 
 
 _FIT_SOURCE = ("Nelder-Mead fit of the objective in benchmarks/accuracy_latency.py (--fit reruns it) on "
@@ -579,8 +581,7 @@ def shape_for(setup: Any) -> Shape:
         gpu_name=gpu.name,
         gpu_vendor=gpu.vendor,
         expert_kernel_eff=MOE_FORMAT_EFF[fmt],
-        expert_stream_bps=(MOE_STREAM_CAP_TBPS.get(gpu_class(gpu.name, gpu.vendor), 0.0) * 1e12
-                           if fmt in ("mxfp4", "int4") else 0.0),
+        expert_stream_bps=MOE_STREAM_CAP_TBPS.get((gpu_class(gpu.name, gpu.vendor), fmt), 0.0) * 1e12,
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,
     )
