@@ -68,7 +68,10 @@ def predict_row(r: dict, cal: perf.Calibration) -> perf.Operating:
 def errors(rows: list[dict], cal: perf.Calibration) -> list[tuple[float, float, dict, perf.Operating]]:
     out = []
     for r in rows:
-        o = predict_row(r, cal)
+        # a row of another GPU class (held-out Blackwell rows) is predicted with that class's
+        # factors, as `calc` predicts it; `cal` is the Hopper fit being evaluated or refitted
+        gpu = _prepared(r)[1].gpu_name
+        o = predict_row(r, cal if perf.gpu_class(gpu) == cal.gpu_class else perf.calibration_for(gpu))
         tp, tt = float(r["tpot_ms"]) / 1e3, float(r["ttft_ms"]) / 1e3
         # a setup calc refuses (the weights do not fit) counts 100 %, as in the outside check
         e_tp = abs(o.tpot_s - tp) / tp * 100 if math.isfinite(o.tpot_s) else 100.0
