@@ -114,6 +114,20 @@ TTFT_FACTORS = ("ttft_steps", "ttft_fixed_s", "queue_factor", "ttft_prefill_fact
 # (FP8 MoE predicted ~1.5x too fast with the dense bandwidth) -> 1/1.5. 16-bit and int4
 # (Marlin MoE) experts: no measurement, prior between the two [unverified].
 MOE_FORMAT_EFF = {"mxfp4": 1.0, "fp8": 0.67, "bf16": 0.85, "int4": 0.85}
+# Blackwell runs FP8 experts through native block-scaled grouped GEMMs (no Triton fused_moe),
+# like its FP4 ones: no format penalty. Chosen on MiniMax-M2.5 FP8 on B200 (aiconfigurator's
+# rows, the only FP8 MoE measured on Blackwell: 12.6 -> 8.1 % with the floor below), so not
+# held out for it.
+MOE_FORMAT_EFF_BY_CLASS = {("blackwell", "fp8"): 1.0}
+# Block-FP8 experts pay a fixed time per MoE layer and step beyond their weight reads: the
+# activations are quantized per 128-wide group before each of the two grouped GEMMs and the
+# scales carried through (kernels the 4-bit and 16-bit paths do not run), which a decode batch
+# of a few rows per expert does not amortise. 40 us per MoE layer: MiniMax-M2.5 FP8 on H200 runs
+# 25-40 % slower than the expert roofline at c=4-8 and converges on it by c=64. Cross-checked
+# across families (aiconfigurator's rows): chosen on MiniMax alone (30-40 us) it takes
+# Qwen3-235B-A22B-FP8 on H200 from 33.5 to 25-27 %; chosen on Qwen3-235B alone (60 us) it takes
+# MiniMax from 12.6 / 18.4 % (B200 / H200) to 10.9 / 13.3 %.
+MOE_LAYER_FLOOR_S = {"fp8": 40e-6}
 
 
 # Dequantizing MoE kernels (4-bit experts upcast in registers: MXFP4 through triton_kernels'
@@ -244,6 +258,7 @@ class Shape:
     gpu_vendor: str
     expert_kernel_eff: float = 1.0  # MOE_FORMAT_EFF of the expert weight format
     sort_vocab: float = 0.0         # vocabulary the sampler sorts per request (0: no top-k/top-p)
+    moe_floor_s: float = 0.0        # fixed time of the MoE layers per step (MOE_LAYER_FLOOR_S)
     expert_stream_bps: float = 0.0  # most HBM bytes/s the fused-MoE kernels of this GPU class
                                     # stream expert weights at (0: the GPU's bandwidth)
     allreduce_hops: float = 1.0     # latency multiple of one all-reduce: 1 with vLLM's one-shot
@@ -306,7 +321,8 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     # every rank), both at this GPU's bandwidth relative to the class reference
     seqs = b + (1.0 if prefill_tokens else 0.0)
     bw_scale = cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s
-    t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + cal.per_seq_s * seqs
+    t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + shape.moe_floor_s
+         + cal.per_seq_s * seqs
          + cal.per_token_s * bw_scale / shape.tp * tokens
          + cal.sample_sort_s * shape.sort_vocab / 1e5 * bw_scale * seqs)
     if shape.tp > 1:
@@ -557,6 +573,7 @@ def shape_for(setup: Any) -> Shape:
     # ("Custom allreduce is disabled because it's not supported on more than two PCIe-only
     # GPUs", distributed/device_communicators/custom_all_reduce.py); NCCL's ring then pays a
     # latency per hop
+    cls = gpu_class(gpu.name, gpu.vendor)
     link = str(getattr(gpu, "interconnect", "") or "")
     hops = 1.0 if (link.startswith(("NVLink", "Infinity")) or tp <= 2) else float(tp - 1)
     return Shape(
@@ -580,8 +597,9 @@ def shape_for(setup: Any) -> Shape:
         compute_dtype=cd,
         gpu_name=gpu.name,
         gpu_vendor=gpu.vendor,
-        expert_kernel_eff=MOE_FORMAT_EFF[fmt],
-        expert_stream_bps=MOE_STREAM_CAP_TBPS.get((gpu_class(gpu.name, gpu.vendor), fmt), 0.0) * 1e12,
+        expert_kernel_eff=MOE_FORMAT_EFF_BY_CLASS.get((cls, fmt), MOE_FORMAT_EFF[fmt]),
+        moe_floor_s=MOE_LAYER_FLOOR_S.get(fmt, 0.0) * len(m.moe_layers) if m.is_moe else 0.0,
+        expert_stream_bps=MOE_STREAM_CAP_TBPS.get((cls, fmt), 0.0) * 1e12,
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,
     )

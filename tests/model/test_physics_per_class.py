@@ -218,3 +218,21 @@ def test_dequantizing_moe_kernels_on_hopper_stream_experts_at_the_h100_rate():
     # Blackwell's grouped GEMMs read FP4 natively: no cap; INT4 runs Marlin MoE there too
     assert expert_time("openai/gpt-oss-120b", "B200")[1].expert_stream_bps == 0.0
     assert expert_time("moonshotai/Kimi-K2.5", "B200")[1].expert_stream_bps == pytest.approx(3.35e12)
+
+
+def test_block_fp8_experts_pay_a_floor_per_moe_layer_and_blackwell_reads_them_natively():
+    """FP8 experts quantize their activations per group before each grouped GEMM: a fixed time
+    per MoE layer (MOE_LAYER_FLOOR_S) that the 16-bit path of the same model does not pay.
+    Blackwell's grouped GEMMs read FP8 experts without Hopper's format penalty."""
+    def shape(gpu, quant):
+        return perf.shape_for(Setup.build(MOE, gpu, tp=4, quantization=quant, max_model_len=8192))
+    fp8, bf16 = shape("H200", "fp8"), shape("H200", None)
+    n_moe = len(Setup.build(MOE, "H200", tp=4, max_model_len=8192).model.moe_layers)
+    assert n_moe == 94
+    assert fp8.moe_floor_s == pytest.approx(perf.MOE_LAYER_FLOOR_S["fp8"] * 94) and bf16.moe_floor_s == 0.0
+    cal = perf.calibration_for("H200")
+    with_floor = perf.step_time_shape(fp8, cal, 4, 4 * 1024, 0.0)
+    assert with_floor - perf.step_time_shape(replace(fp8, moe_floor_s=0.0), cal, 4, 4 * 1024, 0.0) \
+        == pytest.approx(94 * 40e-6)
+    assert fp8.expert_kernel_eff == perf.MOE_FORMAT_EFF["fp8"] < 1.0
+    assert shape("B200", "fp8").expert_kernel_eff == 1.0
