@@ -62,27 +62,6 @@ def _too_many_models(n: int) -> str:
     return f"{n} served models in one exposition (at most {MAX_MODELS_PER_TARGET}): not a single vLLM server"
 
 
-def _malloc_trim():
-    """glibc's malloc_trim, or None elsewhere (musl, macOS)."""
-    try:
-        import ctypes
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
-
-
-def _return_free_memory() -> None:
-    """Hand the heap pages a full collection freed back to the OS (glibc keeps freed memory in
-    its arenas, so a churning fleet's departed targets stayed in RSS until reused: the soak's
-    RSS kept creeping while the fleet settled). A few ms per call at 1,000 targets; called only
-    after a full sweep (at most every GC_FULL_EVERY seconds, under churn)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
 @dataclass
 class TargetState:
     """Everything the daemon keeps about one target between cycles."""
@@ -654,15 +633,7 @@ class Daemon:
         await self.evaluate_spread(self.cfg.evaluation.interval / 2 if self.ready else 0.0)
         self._gc_maintenance()
 
-    # seconds between full collections of the frozen long-lived state under churn: the pause is
-    # ~0.1 ms per target, so a sweep every 0.06 s per target keeps it under 0.2 % of the time,
-    # between 60 s (small fleets) and 300 s (5,000 targets and more)
-    GC_FULL_EVERY = 300.0
-    GC_FULL_MIN = 60.0
-    GC_FULL_PER_TARGET_S = 0.06
-
-    def _gc_full_interval(self) -> float:
-        return min(self.GC_FULL_EVERY, max(self.GC_FULL_MIN, self.GC_FULL_PER_TARGET_S * len(self.targets)))
+    GC_FULL_EVERY = 300.0      # least seconds between full collections of the frozen long-lived state
 
     def _gc_maintenance(self, full_every: float | None = None) -> None:
         """Keep the long-lived state out of the cyclic collector's scans.
@@ -678,19 +649,14 @@ class Daemon:
         (measured: a steady fleet and 100 departures leave nothing for the collector); the
         network layer's does when a connection goes away (transport and protocol point at each
         other). So the frozen state is unfrozen and collected once - a pause of ~100 ms per
-        1,000 targets (~1 s at 10,000) - at most every `_gc_full_interval()` seconds and only
-        when connections or targets went away since the last time (`_churn`): a steady fleet
-        never pauses, a churning one is swept every 60 s (1,000 targets) to 5 minutes (5,000 and
-        more). Between sweeps the dead connections' cycles (buffers included) wait frozen, and the
-        heap's high-water mark is what they reached: a 5-minute sweep at 1,000 churning targets
-        (restarts, hanging ones reconnecting every scrape) let RSS settle ~6 % above its level at
-        the end of the first window."""
-        full_every = self._gc_full_interval() if full_every is None else full_every
+        1,000 targets (~1 s at 10,000) - at most every `GC_FULL_EVERY` seconds and only when
+        connections or targets went away since the last time (`_churn`): a steady fleet never
+        pauses, a churning one is swept every 5 minutes."""
+        full_every = self.GC_FULL_EVERY if full_every is None else full_every
         now = time.monotonic()
         if now - self._gc_full_at >= full_every and self._churn:
             gc.unfreeze()
             gc.collect()
-            _return_free_memory()
             self._gc_full_at = now
             self._churn = 0
         else:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import re
 
-import pytest
-
 import loopback
 
 from exporter.config import Config, EvaluationConfig, ScrapeConfig, TargetSpec
@@ -104,16 +102,3 @@ def test_full_collection_only_after_churn(captures):
         finally:
             gc.enable()
             gc.unfreeze()
-
-
-def test_full_collection_interval_follows_the_fleet_size():
-    """A sweep's pause grows with the fleet (~0.1 ms per target), the garbage a churning fleet
-    leaves between sweeps with the time between them: small fleets are swept every minute, large
-    ones every 5 minutes, so the pause stays a fixed small share of the time."""
-    d = daemon_for(["http://127.0.0.1:9"])
-    sizes = {}
-    for n in (1, 1000, 3000, 10000):
-        d.targets = {f"http://127.0.0.1:{i}": None for i in range(n)}
-        sizes[n] = d._gc_full_interval()
-    assert sizes[1] == d.GC_FULL_MIN == 60.0 and sizes[1000] == 60.0
-    assert sizes[3000] == pytest.approx(180.0) and sizes[10000] == d.GC_FULL_EVERY == 300.0
