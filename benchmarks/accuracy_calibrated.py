@@ -61,7 +61,8 @@ def main() -> int:
         quant = {"fp8": "fp8", "fp4": "fp4"}.get(key[3])
         ver = rows[0]["engine_version"]
         setup = Setup.build(key[0], key[1], tp=int(key[2]), quantization=quant,
-                            vllm_version=ver if ver not in ("", "unrecorded") else None)
+                            vllm_version=ver if ver not in ("", "unrecorded") else None,
+                            kv_cache_dtype=rows[0].get("kv_cache_dtype") or "auto")
         traffic = Traffic(prompt_tokens_mean=float(key[4]), output_tokens_mean=float(key[5]))
 
         def meas(r: dict) -> Measurement:

@@ -48,11 +48,13 @@ _CACHE: dict = {}
 
 
 def _prepared(r: dict):
-    key = (r["model"], r["gpu"], r["tp"], r["dtype"], r["engine_version"])
+    kv = r.get("kv_cache_dtype") or "auto"    # when the table says what the run had (aic_rows.py)
+    key = (r["model"], r["gpu"], r["tp"], r["dtype"], r["engine_version"], kv)
     if key not in _CACHE:
         q = {"fp8": "fp8", "fp4": "fp4"}.get(r["dtype"])
         v = r["engine_version"] if r["engine_version"] not in ("", "unrecorded") else None
-        s = Setup.build(r["model"], r["gpu"], tp=int(r["tp"]), quantization=q, vllm_version=v)
+        s = Setup.build(r["model"], r["gpu"], tp=int(r["tp"]), quantization=q, vllm_version=v,
+                        kv_cache_dtype=kv)
         _CACHE[key] = (s, perf.shape_for(s), perf.kv_tokens_for(s))
     return _CACHE[key]
 

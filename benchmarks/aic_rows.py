@@ -11,6 +11,13 @@ outside checks run on GPUs and models the shipped factors were not fitted to.
 Only vLLM rows of aggregated serving with plain tensor parallelism are kept (no attention data
 parallelism, expert parallelism or pipeline stages: what `calc --tp N` describes). The table is
 not copied into this repository; this script reads a clone of it.
+
+The extra column `kv_cache_dtype` says what the harness ran: aiconfigurator deploys every
+checkpoint it classes fp8 / fp8_block / nvfp4 with an FP8 KV cache (an FP8 attention quant mode
+brings `kvcache_quant_mode = fp8`, aiconfigurator_core/sdk/models/helpers.py, rendered as vLLM's
+`--kv-cache-dtype`), and the rows agree: their concurrency at a full pool is what an FP8 cache
+holds, not a BF16 one. The outside checks do not read the column (they pass what the shared
+table names); the benchmarks do, like `calc --kv-cache-dtype`.
 """
 from __future__ import annotations
 
@@ -22,7 +29,8 @@ SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "b200_sxm"
            "b300_sxm": "B300-288GB", "gb200": "GB200-186GB"}
 COLUMNS = ["model", "gpu", "tp", "dtype", "input_len", "output_len", "concurrency", "output_tok_s",
            "tpot_ms", "ttft_ms", "source", "num_gpus", "engine", "engine_version",
-           "output_tok_s_derived", "notes"]
+           "output_tok_s_derived", "notes", "kv_cache_dtype"]
+FP8_KV_MODES = {"fp8", "fp8_block", "fp8_static", "nvfp4"}   # quant modes aiconfigurator runs with FP8 KV
 
 
 def convert(path: str, gpus: list[str]) -> list[dict]:
@@ -42,7 +50,9 @@ def convert(path: str, gpus: list[str]) -> list[dict]:
                         "tpot_ms": r["silicon_tpot_ms"], "ttft_ms": r["silicon_ttft_ms"],
                         "source": "aiconfigurator silicon_sample.csv", "num_gpus": r["tp_size"],
                         "engine": "vllm", "engine_version": r.get("backend_version") or "unrecorded",
-                        "output_tok_s_derived": "", "notes": r.get("id", "")})
+                        "output_tok_s_derived": "", "notes": r.get("id", ""),
+                        "kv_cache_dtype": "fp8" if {r.get("gemm_quant_mode"), r.get("moe_quant_mode")} & FP8_KV_MODES
+                        else "auto"})
     return out
 
 

@@ -204,7 +204,14 @@ class ModelArch:
         return self.weights.lm_bytes(native_bytes) if self.weights is not None else None
 
     def with_quantization(self, quantization: str | None, name: str | None = None) -> "ModelArch":
-        return replace(self, quantization=quantization, name=name or self.name)
+        """The entry as a checkpoint quantized to `quantization` (named by its id: `-NVFP4`,
+        `-AWQ`...). An NVFP4 checkpoint is ModelOpt's, which names an FP8 KV cache (see
+        setup._resolve_kv_dtype)."""
+        if quantization == "nvfp4":
+            kv = self.kv_cache_quant or "fp8"
+        else:   # another checkpoint: its own KV scheme is not this one's
+            kv = self.kv_cache_quant if quantization == self.quantization else None
+        return replace(self, quantization=quantization, name=name or self.name, kv_cache_quant=kv)
 
 
 # ---- reading config.json ------------------------------------------------------------------
@@ -567,6 +574,15 @@ _QUANT_SUFFIXES = (  # longest first; (pattern at end of the stem, quantization)
 )
 
 
+def _suffix_quant(model_id: str) -> str | None:
+    """The quantization a model id's suffix names (`-NVFP4`, `-FP8-dynamic`, `-AWQ`), or None."""
+    stem = _stem(model_id)
+    for pattern, q in _QUANT_SUFFIXES:
+        if q and re.search(pattern, stem):
+            return q
+    return None
+
+
 def _stem(model_id: str) -> str:
     s = model_id.strip().rstrip("/").split("/")[-1].lower()
     s = re.sub(r"^meta-(?=llama)", "", s)
@@ -622,7 +638,10 @@ def resolve_model(name: str) -> ModelArch:
     entries, by_id, by_stem = _catalog()
     key = name.strip().lower()
     if key in by_id:
-        return _catalog_arch(by_id[key])
+        arch = _catalog_arch(by_id[key])
+        # an alias that names a quantized checkpoint of the entry (nvidia/MiniMax-M2.5-NVFP4)
+        quant = _suffix_quant(key) if key != by_id[key].lower() else None
+        return arch.with_quantization(quant, name=name) if quant and quant != arch.quantization else arch
     stem, quant = _stem(key), None
     stripped, quant_generic = True, False
     while stripped:  # "-AWQ-INT4", "-FP8-dynamic", "-quantized.w8a8" ... in any order

@@ -525,6 +525,32 @@ def compute_dtype(setup: Any) -> str:
     return "bf16"
 
 
+# An FP8 KV cache halves the pool's bytes per token (twice the tokens fit) but not the time
+# decode attention spends per cached token: the kernels dequantize every K/V element to the
+# compute dtype in registers (FlashInfer/FlashAttention paged decode), so a token costs what a
+# BF16 one does. 1.0 = as slow as the model dtype's bytes, 0.5 = bandwidth-bound on the FP8
+# bytes. Measured on aiconfigurator's rows, whose harness runs every FP8/NVFP4 deployment with an
+# FP8 cache (its generator: FP8 KV for fp8/fp8_block/nvfp4 checkpoints, aiconfigurator_core
+# sdk/models/helpers.py): with the pool FP8 and the reads at 0.5, TPOT 15.2 % on 832 B200/H200
+# rows, at 0.75 14.1 %, at 1.0 13.6 %, at 1.25 13.7 %; every family moves the same way
+# (Llama-3.1-70B H200 10.7 -> 5.2 %, MiniMax-M2.5 NVFP4 B200 20.9 -> 15.0 %, Llama-3.1-70B NVFP4
+# B200 14.0 -> 9.4 %). Chosen there, so not held out for it; the shared table (the same harness)
+# agrees: 8.0 -> 5.9 % at 1.0.
+FP8_KV_READ_COST = 1.0
+
+
+def _kv_read_bytes(setup: Any) -> float:
+    """Time-equivalent KV bytes decode attention reads per token and layer: the stored bytes for
+    a cache in the model dtype, the model dtype's bytes times FP8_KV_READ_COST for a narrower
+    one."""
+    from exporter.model import kv_cache as kvc
+    stored = kvc.token_bytes_per_layer(setup)
+    if setup.kv_cache_dtype == "auto" or setup.kv_dtype_bytes >= setup.dtype_bytes:
+        return float(stored)
+    wide = kvc.token_bytes_per_layer(replace(setup, kv_cache_dtype="auto"))
+    return FP8_KV_READ_COST * wide
+
+
 @lru_cache(maxsize=4096)
 def shape_for(setup: Any) -> Shape:
     """Precompute the per-GPU bytes and FLOPs of `setup` (cached: setups are frozen)."""
@@ -555,7 +581,8 @@ def shape_for(setup: Any) -> Shape:
     n_swa = sum(1 for t in types if t in (SLIDING, CHUNKED))
     n_state = sum(1 for t in types if t in (MAMBA, LINEAR))
     n_full = len(types) - n_swa - n_state
-    per_layer = kvc.token_bytes_per_layer(setup)
+    # the KV bytes decode attention reads per token, at what an FP8 cache costs in time
+    per_layer = _kv_read_bytes(setup)
     if m.attention == "mla":
         qk_dim = (2 * m.kv_lora_rank + m.qk_rope_head_dim) / 2.0  # absorbed MLA: latent QK + V
         heads = m.num_heads / tp

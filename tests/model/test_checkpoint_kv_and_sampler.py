@@ -57,3 +57,36 @@ def test_sampler_sort_only_for_truncating_generation_configs_and_not_split_over_
     assert abs(extra[8][1] - extra[2][1]) < 1e-9
     oss = perf.shape_for(Setup.build("openai/gpt-oss-120b", "H100-SXM-80GB", tp=2))
     assert oss.sort_vocab == 0
+
+
+def test_nvfp4_of_a_base_model_is_a_modelopt_checkpoint_with_an_fp8_cache_from_0_13():
+    # vLLM cannot quantize to NVFP4 at load time: NVFP4 of a BF16/FP8 model is a ModelOpt
+    # checkpoint (nvidia/*-NVFP4), whose hf_quant_config names an FP8 KV cache
+    new = Setup.build("meta-llama/Llama-3.1-70B", "B200", quantization="fp4", vllm_version="0.19.0")
+    old = Setup.build("meta-llama/Llama-3.1-70B", "B200", quantization="fp4", vllm_version="0.12.0")
+    assert (new.kv_cache_dtype, old.kv_cache_dtype) == ("fp8", "auto")
+    ratio = perf.kv_tokens_for(new) / perf.kv_tokens_for(
+        Setup.build("meta-llama/Llama-3.1-70B", "B200", quantization="fp4", vllm_version="0.19.0",
+                    kv_cache_dtype="bfloat16"))
+    assert 1.95 < ratio < 2.05
+    # the alias names the same checkpoint; FP8 weights of the same model keep a BF16 cache
+    assert Setup.build("nvidia/MiniMax-M2.5-NVFP4", "B200", tp=2).kv_cache_dtype == "fp8"
+    assert Setup.build("MiniMaxAI/MiniMax-M2.5", "B200", tp=2).kv_cache_dtype == "auto"
+    # an MXFP4 model's own FP4 checkpoint names no KV scheme
+    assert Setup.build("openai/gpt-oss-120b", "B200", quantization="fp4").kv_cache_dtype == "auto"
+
+
+def test_an_fp8_cache_holds_twice_the_tokens_but_decode_reads_them_at_the_bf16_cost():
+    bf16 = Setup.build("meta-llama/Llama-3.1-70B", "H200", quantization="fp8")
+    fp8 = Setup.build("meta-llama/Llama-3.1-70B", "H200", quantization="fp8", kv_cache_dtype="fp8")
+    cal = perf.calibration_for("H200")
+    a, b = perf.shape_for(bf16), perf.shape_for(fp8)
+    assert perf.FP8_KV_READ_COST == 1.0
+    for batch, ctx in ((8, 2000.0), (64, 8000.0)):
+        t16 = perf.step_time_shape(a, cal, batch, batch * ctx, 0.0)
+        t8 = perf.step_time_shape(b, cal, batch, batch * ctx, 0.0)
+        assert abs(t8 - t16) < 1e-12
+    assert 1.95 < perf.kv_tokens_for(fp8) / perf.kv_tokens_for(bf16) < 2.05
+    # with the cost at the FP8 bytes, the same long-context step would be faster: the constant
+    # is what keeps it at the BF16 time
+    assert perf._kv_read_bytes(fp8) == perf._kv_read_bytes(bf16)
