@@ -129,6 +129,21 @@ MOE_FORMAT_EFF_BY_CLASS = {("blackwell", "fp8"): 1.0}
 # MiniMax from 12.6 / 18.4 % (B200 / H200) to 10.9 / 13.3 %.
 MOE_LAYER_FLOOR_S = {"fp8": 40e-6}
 
+# MoE prefill time that tensor parallelism does not split: per prompt token of the step and MoE
+# layer, on every rank. With plain TP each rank runs the routing (gate, top-k), the sort of
+# token-expert pairs by expert and the permutation of the activations over ALL tokens, and only
+# the expert GEMMs' width is divided; measured MoE prefills stop shrinking with TP where dense ones
+# do not: gpt-oss-120b on H100 (shared rows), 7,168 more prompt tokens cost 205 / 136 / 96 ms at
+# TP 2 / 4 / 8 (= 67 ms + 276 ms / TP), while Llama-3.1-70B FP8's scale with 1/TP. Charged on
+# prefill tokens (a decode step's few routing rows sit under the MoE layer's kernel floor).
+# 0.15 us per token and MoE layer, with moe_flops_eff refitted beside it (0.483 -> 1.0, its
+# physical bound: the split part then runs as efficiently as a dense GEMM). Chosen on the 60
+# shared gpt-oss rows alone (TPOT / TTFT 7.6 / 15.5 -> 6.7 / 10.2 %; grid 0.075-0.2 us with
+# moe_flops_eff <= 1). Held out: aiconfigurator's B200/H200 rows (MiniMax-M2.5, Kimi-K2.5,
+# gpt-oss on Blackwell); see docs/model.md for the figures. A GEMM-width efficiency (narrow
+# per-rank expert shards) was tried instead and explained little (held-out TTFT 38.5 -> 38.2 %).
+MOE_TOKEN_LAYER_S = 0.15e-6
+
 
 # Dequantizing MoE kernels (4-bit experts upcast in registers: MXFP4 through triton_kernels'
 # matmul_ogs or Marlin on Hopper, INT4 through Marlin MoE) stream expert weights at a rate that
@@ -165,11 +180,12 @@ CALIBRATIONS: dict[str, Calibration] = {
     # and B200, 36-layer gpt-oss on H200: 40-75 us per layer missing). That time is the layer's
     # kernel floor, present at any TP: split as layer_s 43.4 us + 2 x 5.0 us of all-reduce (the
     # same 53.4 us at TP >= 2; the split is the one the shared TP1 rows prefer, 16 rows of
-    # Llama-3.1-70B on H200: TPOT 22.0 -> 14.8 %).
+    # Llama-3.1-70B on H200: TPOT 22.0 -> 14.8 %). moe_flops_eff refitted with MOE_TOKEN_LAYER_S
+    # (0.483 -> 1.0, the gpt-oss rows alone).
     "hopper": Calibration("hopper", bw_eff=0.930, flops_eff_bf16=0.569, flops_eff_fp8=0.789,
                           flops_eff_fp4=0.789, step_overhead_s=1.273e-3, layer_sync_s=5.0e-6,
                           per_token_s=4.32e-6, ttft_steps=3.83, ttft_fixed_s=0.0,
-                          moe_flops_eff=0.483, queue_factor=0.0355, ttft_prefill_factor=1.49,
+                          moe_flops_eff=1.0, queue_factor=0.0355, ttft_prefill_factor=1.49,
                           source=_FIT_SOURCE, per_seq_s=0.90e-6, moe_bw_eff=0.943,
                           ref_bw_tbps=3.35, attn_bw_eff=0.878, sample_sort_s=29.1e-6,
                           layer_s=43.4e-6),
@@ -259,6 +275,7 @@ class Shape:
     expert_kernel_eff: float = 1.0  # MOE_FORMAT_EFF of the expert weight format
     sort_vocab: float = 0.0         # vocabulary the sampler sorts per request (0: no top-k/top-p)
     moe_floor_s: float = 0.0        # fixed time of the MoE layers per step (MOE_LAYER_FLOOR_S)
+    moe_token_s: float = 0.0        # per prompt token of a step, MoE time TP does not split (MOE_TOKEN_LAYER_S)
     expert_stream_bps: float = 0.0  # most HBM bytes/s the fused-MoE kernels of this GPU class
                                     # stream expert weights at (0: the GPU's bandwidth)
     allreduce_hops: float = 1.0     # latency multiple of one all-reduce: 1 with vLLM's one-shot
@@ -322,6 +339,7 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     seqs = b + (1.0 if prefill_tokens else 0.0)
     bw_scale = cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s
     t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + shape.moe_floor_s
+         + shape.moe_token_s * prefill_tokens
          + cal.per_seq_s * seqs
          + cal.per_token_s * bw_scale / shape.tp * tokens
          + cal.sample_sort_s * shape.sort_vocab / 1e5 * bw_scale * seqs)
@@ -626,6 +644,7 @@ def shape_for(setup: Any) -> Shape:
         gpu_vendor=gpu.vendor,
         expert_kernel_eff=MOE_FORMAT_EFF_BY_CLASS.get((cls, fmt), MOE_FORMAT_EFF[fmt]),
         moe_floor_s=MOE_LAYER_FLOOR_S.get(fmt, 0.0) * len(m.moe_layers) if m.is_moe else 0.0,
+        moe_token_s=MOE_TOKEN_LAYER_S * len(m.moe_layers) if m.is_moe else 0.0,
         expert_stream_bps=MOE_STREAM_CAP_TBPS.get((cls, fmt), 0.0) * 1e12,
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,

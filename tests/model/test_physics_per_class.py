@@ -236,3 +236,22 @@ def test_block_fp8_experts_pay_a_floor_per_moe_layer_and_blackwell_reads_them_na
         == pytest.approx(94 * 40e-6)
     assert fp8.expert_kernel_eff == perf.MOE_FORMAT_EFF["fp8"] < 1.0
     assert shape("B200", "fp8").expert_kernel_eff == 1.0
+
+
+def test_moe_prefill_keeps_a_per_token_part_that_tp_does_not_split():
+    cal = perf.calibration_for("H100-SXM-80GB")
+    per_tp = {}
+    for tp in (2, 8):
+        shape = perf.shape_for(Setup.build("openai/gpt-oss-120b", "H100-SXM-80GB", tp=tp))
+        assert shape.moe_token_s == pytest.approx(perf.MOE_TOKEN_LAYER_S * 36)
+        off = replace(shape, moe_token_s=0.0)
+        prefill = [perf.step_time_shape(s, cal, 4, 4 * 1000.0, 7168.0) for s in (shape, off)]
+        decode = [perf.step_time_shape(s, cal, 64, 64 * 2000.0, 0.0) for s in (shape, off)]
+        # on every rank, for every prompt token: the same at TP 2 and TP 8
+        assert prefill[0] - prefill[1] == pytest.approx(perf.MOE_TOKEN_LAYER_S * 36 * 7168)
+        assert decode[0] == decode[1]          # a decode step's routing rows are not charged
+        per_tp[tp] = prefill[0]
+    # so quadrupling TP takes a 7,168-token MoE prefill down by far less than 4x
+    assert per_tp[2] / per_tp[8] < 3.0
+    dense = perf.shape_for(Setup.build("meta-llama/Llama-3.1-70B", "H100-SXM-80GB", tp=2, quantization="fp8"))
+    assert dense.moe_token_s == 0.0
