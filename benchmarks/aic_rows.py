@@ -44,11 +44,16 @@ def convert(path: str, gpus: list[str]) -> list[dict]:
             if (r.get("attention_dp_size") not in ("", "1") or r.get("moe_ep_size") not in ("", "0", "1")
                     or r.get("pp_size") != "1" or not r.get("silicon_tpot_ms") or not r.get("silicon_ttft_ms")):
                 continue
+            # MoE rows whose experts are split over more GPUs than attention (tp 1 with moe_tp 2:
+            # two GPUs) are not plain TP: their GPU count says so, and num_gpus != tp is what
+            # the benchmarks and the outside checks skip (dense rows carry moe_tp 1 for any tp)
+            moe_gpus = int(r.get("moe_tp_size") or 1) * int(r.get("moe_ep_size") or 1)
+            gpus_used = moe_gpus if moe_gpus > 1 and moe_gpus != int(r["tp_size"]) else int(r["tp_size"])
             out.append({"model": r["model_path"], "gpu": gpu, "tp": r["tp_size"],
                         "dtype": r["precision"] or "bf16", "input_len": r["isl"], "output_len": r["osl"],
                         "concurrency": r["batch_size"], "output_tok_s": "",
                         "tpot_ms": r["silicon_tpot_ms"], "ttft_ms": r["silicon_ttft_ms"],
-                        "source": "aiconfigurator silicon_sample.csv", "num_gpus": r["tp_size"],
+                        "source": "aiconfigurator silicon_sample.csv", "num_gpus": str(gpus_used),
                         "engine": "vllm", "engine_version": r.get("backend_version") or "unrecorded",
                         "output_tok_s_derived": "", "notes": r.get("id", ""),
                         "kv_cache_dtype": "fp8" if {r.get("gemm_quant_mode"), r.get("moe_quant_mode")} & FP8_KV_MODES
