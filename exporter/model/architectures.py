@@ -574,13 +574,22 @@ _QUANT_SUFFIXES = (  # longest first; (pattern at end of the stem, quantization)
 )
 
 
-def _suffix_quant(model_id: str) -> str | None:
-    """The quantization a model id's suffix names (`-NVFP4`, `-FP8-dynamic`, `-AWQ`), or None."""
-    stem = _stem(model_id)
-    for pattern, q in _QUANT_SUFFIXES:
-        if q and re.search(pattern, stem):
-            return q
-    return None
+def _split_quant(model_id: str) -> tuple[str, str | None]:
+    """(catalog stem, quantization its suffixes name) of a model id: "-AWQ-INT4", "-FP8-dynamic",
+    "-quantized.w8a8", "-NVFP4" ... in any order; a generic one ("-int4") yields to a specific."""
+    stem, quant = _stem(model_id), None
+    stripped, quant_generic = True, False
+    while stripped:
+        stripped = False
+        for pattern, q in _QUANT_SUFFIXES:
+            if re.search(pattern, stem):
+                generic = pattern in (r"-int4$", r"-int8$", r"-4bit$", r"-8bit$")
+                stem = _stem(re.sub(pattern, "", stem))
+                quant = q if quant is None or (q and not generic and quant_generic) else quant
+                quant_generic = generic if quant == q else quant_generic
+                stripped = True
+                break
+    return stem, quant
 
 
 def _stem(model_id: str) -> str:
@@ -640,20 +649,9 @@ def resolve_model(name: str) -> ModelArch:
     if key in by_id:
         arch = _catalog_arch(by_id[key])
         # an alias that names a quantized checkpoint of the entry (nvidia/MiniMax-M2.5-NVFP4)
-        quant = _suffix_quant(key) if key != by_id[key].lower() else None
+        quant = _split_quant(key)[1] if key != by_id[key].lower() else None
         return arch.with_quantization(quant, name=name) if quant and quant != arch.quantization else arch
-    stem, quant = _stem(key), None
-    stripped, quant_generic = True, False
-    while stripped:  # "-AWQ-INT4", "-FP8-dynamic", "-quantized.w8a8" ... in any order
-        stripped = False
-        for pattern, q in _QUANT_SUFFIXES:
-            if re.search(pattern, stem):
-                generic = pattern in (r"-int4$", r"-int8$", r"-4bit$", r"-8bit$")
-                stem = _stem(re.sub(pattern, "", stem))
-                quant = q if quant is None or (q and not generic and quant_generic) else quant
-                quant_generic = generic if quant == q else quant_generic
-                stripped = True
-                break
+    stem, quant = _split_quant(key)
     if stem in by_stem:
         arch = _catalog_arch(by_stem[stem])
         if quant and arch.quantization != quant:
