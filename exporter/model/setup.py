@@ -198,8 +198,9 @@ def _resolve_kv_dtype(kv: str, arch: ModelArch, version: Version, quant: str | N
     (vLLM has no runtime FP4 quantization), and those are ModelOpt's (nvidia/*-NVFP4), whose
     `hf_quant_config.json` names `kv_cache_quant_algo: FP8` (as nvidia/Qwen3-30B-A3B-NVFP4's does,
     vllm issue #34752; not read here for each model): an FP8 cache. Measured: aiconfigurator's
-    NVFP4 runs on B200 hold the concurrency an FP8 pool holds and a BF16 one does not (MiniMax-M2.5 TP2 8192/1024 at c=128: TTFT 0.97 s measured, 0.68 s
-    predicted with the FP8 pool, 11.3 s with a BF16 one)."""
+    NVFP4 runs on B200 hold the concurrency an FP8 pool holds and a BF16 one does not
+    (MiniMax-M2.5 TP2 8192/1024 at c=128: TTFT 0.97 s measured, 0.68 s predicted with the FP8
+    pool, 11.3 s with a BF16 one)."""
     if kv == "auto" and version >= KV_FROM_CHECKPOINT:
         if arch.kv_cache_quant:
             return arch.kv_cache_quant
