@@ -84,7 +84,7 @@ def test_full_collection_only_after_churn(captures):
         async def go():
             await d.scrape_cycle()
             assert d._churn == 0
-            d._gc_full_at -= 10 * d.GC_FULL_EVERY        # long overdue, but nothing went away
+            d._gc_full_at -= 10 * d.gc_full_every        # long overdue, but nothing went away
             before = full_collections()
             d._gc_maintenance()
             assert full_collections() == before
