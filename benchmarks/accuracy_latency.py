@@ -48,7 +48,7 @@ _CACHE: dict = {}
 
 
 def _prepared(r: dict):
-    kv = r.get("kv_cache_dtype") or "auto"    # when the table says what the run had (aic_rows.py)
+    kv = r.get("kv_cache_dtype") or None    # when the table says what the run had (aic_rows.py); else as calc
     key = (r["model"], r["gpu"], r["tp"], r["dtype"], r["engine_version"], kv)
     if key not in _CACHE:
         q = {"fp8": "fp8", "fp4": "fp4"}.get(r["dtype"])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import CatalogError, InputError
-from exporter.model.calibrate import fit_setup as fit_calibration, read_rows
+from exporter.model.calibrate import choose_kv_cache, fit_setup as fit_calibration, read_rows
 from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
 from exporter.model.profiles import Profile, get_profile, profiles
@@ -75,7 +75,9 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("setup", ("--dtype",), dict(default="auto", metavar="DTYPE", help="model dtype: auto, bfloat16, float16, float32")),
     ("setup", ("--quantization",), dict(metavar="SCHEME", help="weight quantization: fp8, awq, gptq, w8a8, w4a16, nvfp4, mxfp4")),
     ("setup", ("--vllm-version",), dict(metavar="X.Y.Z", help="vLLM release whose defaults and accounting to follow")),
-    ("engine flags", ("--kv-cache-dtype",), dict(default="auto", metavar="auto|fp8", help="KV cache dtype (default auto)")),
+    ("engine flags", ("--kv-cache-dtype",), dict(metavar="auto|fp8", help="KV cache dtype (default: fp8 for FP8/FP4 "
+                                                 "weights given with --quantization, as such deployments run; "
+                                                 "otherwise auto, vLLM's own)")),
     ("engine flags", ("--gpu-memory-utilization",), dict(type=float, metavar="F", help="default: vLLM's for the version")),
     ("engine flags", ("--max-model-len",), dict(type=int, metavar="N", help="default: the model's max position embeddings")),
     ("engine flags", ("--max-num-seqs",), dict(type=int, metavar="N", help="default: vLLM's for the GPU and version")),
@@ -239,6 +241,16 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     the pool holds, with a note, since the question asked was not about that length."""
     setup = build_setup(args)
     notes = list(resolve(args).notes)   # e.g. a name answered by another catalog entry
+    assumed = setup.kv_cache_dtype
+    if args.kv_cache_dtype is None and args.calibrate:
+        # not given: the measured rows say which pool the server had
+        setup, why = choose_kv_cache(setup, read_rows(args.calibrate), quantization=args.quantization)
+        notes += [why] if why else []
+    if (args.kv_cache_dtype is None and args.quantization and setup.kv_cache_dtype == "fp8"
+            and assumed == "fp8"):
+        notes.append(f"KV cache fp8 assumed for {setup.quantization} weights, as such checkpoints are served "
+                     "(ModelOpt's carry FP8 KV scales; benchmark recipes pass --kv-cache-dtype fp8); "
+                     "pass --kv-cache-dtype auto for vLLM's default with a runtime --quantization")
     if args.max_model_len is not None:   # checked in run(): refused, but --json still prints
         return setup, kv_capacity(setup, check_fits=False), notes
     loose = kv_capacity(setup, check_fits=False)

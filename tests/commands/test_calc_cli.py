@@ -98,8 +98,9 @@ def test_help_exits_0():
 
 
 @pytest.mark.parametrize("extra, truth", [
-    # llm-d-planner sweep, vLLM 0.19 on H100: runtime --quantization fp8 and pipeline parallel runs
-    (("--quantization", "fp8"), 529248),
+    # llm-d-planner sweep, vLLM 0.19 on H100: runtime --quantization fp8 (vLLM's own KV default,
+    # said explicitly: without it calc assumes an FP8 deployment's FP8 cache) and pipeline parallel
+    (("--quantization", "fp8", "--kv-cache-dtype", "auto"), 529248),
     (("--pp", "2"), 1075312),
     (("--kv-cache-dtype", "fp8"), 952032),
 ])
@@ -107,6 +108,23 @@ def test_flags_the_observation_csv_cannot_express(extra, truth):
     out = calc(*LLAMA_H100, *extra, "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["kv_cache"]["tokens"] == pytest.approx(truth, rel=0.01)
+
+
+def test_fp8_weights_without_a_kv_dtype_assume_an_fp8_cache_and_say_so():
+    """FP8/FP4 deployments are served with an FP8 cache (ModelOpt checkpoints, benchmark recipes):
+    calc assumes it when --kv-cache-dtype is not given, says so, and keeps vLLM's own `auto`
+    when it is; a 16-bit model keeps vLLM's default without a note."""
+    fp8 = calc(*LLAMA_H100, "--quantization", "fp8", "--json")
+    auto = calc(*LLAMA_H100, "--quantization", "fp8", "--kv-cache-dtype", "auto", "--json")
+    plain = calc(*LLAMA_H100, "--json")
+    assert fp8.returncode == auto.returncode == plain.returncode == 0, fp8.stderr + auto.stderr
+    d_fp8, d_auto, d_plain = (json.loads(o.stdout) for o in (fp8, auto, plain))
+    assert d_fp8["setup"]["kv_cache_dtype"] == "fp8" and d_auto["setup"]["kv_cache_dtype"] == "auto"
+    assert d_fp8["kv_cache"]["bytes_per_token"] * 2 == d_auto["kv_cache"]["bytes_per_token"]
+    assert d_fp8["kv_cache"]["tokens"] > 1.9 * d_auto["kv_cache"]["tokens"]
+    assert any("KV cache fp8 assumed" in n for n in d_fp8["notes"]) and "--kv-cache-dtype auto" in fp8.stderr
+    assert not any("assumed" in n and "KV" in n for n in d_auto["notes"] + d_plain["notes"])
+    assert d_plain["setup"]["kv_cache_dtype"] == "auto"
 
 
 def test_default_max_model_len_is_fitted_but_an_explicit_one_is_not():
