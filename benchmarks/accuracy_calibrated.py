@@ -21,7 +21,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from exporter.model.calibrate import Measurement, fit_rows
+from exporter.model.calibrate import Measurement, Row, choose_kv_cache, fit_rows, measured_point
 from exporter.model.perf import calibration_for, predict, shape_for
 from exporter.model.setup import Setup
 from exporter.model.traffic import Traffic
@@ -62,14 +62,21 @@ def main() -> int:
         ver = rows[0]["engine_version"]
         setup = Setup.build(key[0], key[1], tp=int(key[2]), quantization=quant,
                             vllm_version=ver if ver not in ("", "unrecorded") else None,
-                            kv_cache_dtype=rows[0].get("kv_cache_dtype") or "auto")
+                            kv_cache_dtype=rows[0].get("kv_cache_dtype") or None)
+        setup0 = setup
+        if not rows[0].get("kv_cache_dtype"):       # not given: as calc --calibrate, the rows choose
+            setup, _ = choose_kv_cache(setup, [Row(r["model"], r["gpu"], int(r["tp"]), r["dtype"],
+                                                   float(r["input_len"]), float(r["output_len"]),
+                                                   float(r["concurrency"]), float(r["tpot_ms"]) / 1e3,
+                                                   float(r["ttft_ms"]) / 1e3, i + 2)
+                                               for i, r in enumerate(rows) if int(r["concurrency"]) in seen],
+                                       quantization=quant)
         traffic = Traffic(prompt_tokens_mean=float(key[4]), output_tokens_mean=float(key[5]))
 
         def meas(r: dict) -> Measurement:
-            c = int(r["concurrency"])
-            return Measurement(lambda k, c=c: predict(setup, traffic, concurrency=c, calibration=k),
-                               float(r["tpot_ms"]) / 1e3, float(r["ttft_ms"]) / 1e3, weight=c * 20,
-                               label=f"c={c}")
+            return measured_point(setup, prompt_tokens=float(key[4]), output_tokens=float(key[5]),
+                                  concurrency=int(r["concurrency"]), tpot_s=float(r["tpot_ms"]) / 1e3,
+                                  ttft_s=float(r["ttft_ms"]) / 1e3, label=f"c={r['concurrency']}")
         fit = fit_rows(calibration_for(shape_for(setup).gpu_name), [meas(r) for r in rows
                                                                     if int(r["concurrency"]) in seen])
         errs = []
@@ -78,14 +85,14 @@ def main() -> int:
             if c in seen:
                 continue
             p1 = predict(setup, traffic, concurrency=c, calibration=fit.calibration)
-            p0 = predict(setup, traffic, concurrency=c)
+            p0 = predict(setup0, traffic, concurrency=c)
             tpot, ttft = float(r["tpot_ms"]) / 1e3, float(r["ttft_ms"]) / 1e3
             errs.append((abs(p1.tpot_s - tpot) / tpot, abs(p0.tpot_s - tpot) / tpot,
                          abs(p1.ttft_s - ttft) / ttft, abs(p0.ttft_s - ttft) / ttft))
         rows_all += errs
         m = [100 * sum(e[i] for e in errs) / len(errs) for i in range(4)] if errs else [0.0] * 4
         name = f"{key[0].split('/')[-1]} {key[1]} tp{key[2]} {key[3]} {key[4]}/{key[5]}"
-        aside = ", ".join(list(fit.outliers) + [f"{t} (TTFT)" for t in fit.ttft_aside]) + (f" REJECTED ({fit.rejected})" if fit.rejected else "")
+        aside = ("KV " + setup.kv_cache_dtype + "; " if setup is not setup0 else "") + ", ".join(list(fit.outliers) + [f"{t} (TTFT)" for t in fit.ttft_aside]) + (f" REJECTED ({fit.rejected})" if fit.rejected else "")
         print(f"{name:58s} {len(errs):3d}  {m[0]:7.1f}% {m[1]:5.1f}%  {m[2]:7.1f}% {m[3]:5.1f}%  {aside}")
     n = len(rows_all)
     tot = [100 * sum(e[i] for e in rows_all) / max(n, 1) for i in range(4)]

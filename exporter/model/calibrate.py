@@ -25,7 +25,7 @@ import csv
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -149,6 +149,23 @@ class Measurement:
     ttft_s: float | None
     weight: float = 1.0
     label: str = ""
+    # the KV pool's share the load needs when its requests run in step: concurrency x (prompt +
+    # output) / pool tokens (a benchmark's fixed lengths started together stay in step); 0: unknown
+    peak_pool_share: float = 0.0
+
+
+def measured_point(setup: object, *, prompt_tokens: float, output_tokens: float, concurrency: float,
+                   tpot_s: float | None, ttft_s: float | None, label: str = "") -> Measurement:
+    """A measured closed-loop run at `concurrency` of `setup` as a Measurement (what
+    `calc --calibrate` fits: one per row of the calibration file)."""
+    from exporter.model.perf import kv_tokens_for, predict
+    from exporter.model.traffic import Traffic
+
+    traffic = Traffic(prompt_tokens_mean=float(prompt_tokens), output_tokens_mean=float(output_tokens))
+    pool = kv_tokens_for(setup)
+    return Measurement(lambda cal: predict(setup, traffic, concurrency=concurrency, calibration=cal),
+                       tpot_s, ttft_s, weight=max(concurrency, 1.0) * 20, label=label,
+                       peak_pool_share=concurrency * (prompt_tokens + output_tokens) / pool if pool else 0.0)
 
 
 # Relative noise of one measured mean (log scale), before dividing by the requests behind it;
@@ -335,9 +352,10 @@ def _ttft_informative(prior: Calibration, meas: Sequence[Measurement]
     for m in meas:
         if m.ttft_s:
             p = m.predict(prior)
-            if (p.saturated and p.binding == "KV capacity" and math.isfinite(p.ttft_s)
-                    and p.queue_wait_s < p.ttft_s - p.queue_wait_s):
-                m = replace(m, ttft_s=None)
+            cliff = m.peak_pool_share > 1.0 and m.ttft_s > 2.0 * p.ttft_s
+            if cliff or (p.saturated and p.binding == "KV capacity" and math.isfinite(p.ttft_s)
+                         and p.queue_wait_s < p.ttft_s - p.queue_wait_s):
+                m = replace(m, ttft_s=None, tpot_s=None if cliff and len(meas) > 1 else m.tpot_s)
                 aside.append(m.label)
         out.append(m)
     return out, tuple(aside)
@@ -518,11 +536,57 @@ def _same_gpu(a: str, b: str) -> bool:
         return a.strip().lower() == b.strip().lower()
 
 
+def _points(setup: object, rows: Sequence[Row]) -> list[Measurement]:
+    return [measured_point(setup, prompt_tokens=r.input_len, output_tokens=r.output_len,
+                           concurrency=r.concurrency, tpot_s=r.tpot_s, ttft_s=r.ttft_s,
+                           label=f"line {r.line}") for r in rows]
+
+
+KV_CHOICE_MARGIN = 0.5     # the other KV dtype's error must be under this share of the assumed one's
+
+
+def choose_kv_cache(setup: Any, rows: Sequence[Row], *, quantization: str | None) -> tuple[Any, str | None]:
+    """For a setup whose KV cache dtype was assumed (not given), the one of {16-bit, FP8} under
+    which the calibrated model explains the measured rows best, and a note when it is not the
+    assumed one.
+
+    The dtype sets the pool, and the pool sets where a closed loop stops adding requests to the
+    batch: rows measured past it (a plateau of TPOT, a TTFT that jumps to seconds) say which
+    pool the server had, and step-time factors fitted under the wrong one bend every level to
+    explain it (../shared Llama-3.1-70B FP8 on 2 x H100 8192/1024: the runs saturate at
+    c = 32 as a 16-bit pool does; fitted under an FP8 pool the levels between were 36 % off in
+    TTFT). Scored by the mean |log(predicted / measured)| of TPOT and TTFT over every matching
+    row, the set-aside ones included (they are what tells the pools apart); the other dtype is
+    taken only when it explains them decisively better (`KV_CHOICE_MARGIN`): where both pools
+    hold the load the two scores are equal, and a few percent apart is noise."""
+    used = matching(rows, model=setup.model.name, gpu=setup.gpu.name, tp=setup.tp,
+                    quantization=quantization, same_model=_same_model, same_gpu=_same_gpu)
+    if not used:
+        return setup, None
+    fp8 = str(setup.kv_cache_dtype).startswith("fp8")
+    other = replace(setup, kv_cache_dtype="auto" if fp8 else "fp8")
+    scores = []
+    for s in (setup, other):
+        fit, _ = fit_setup(s, used, quantization=quantization)
+        errs = []
+        for m in _points(s, used):
+            p = m.predict(fit.calibration)
+            for pred, obs in ((p.tpot_s, m.tpot_s), (p.ttft_s, m.ttft_s)):
+                if obs and obs > 0:
+                    errs.append(abs(math.log(pred / obs)) if pred and math.isfinite(pred) else 5.0)
+        scores.append(float(np.mean(errs)) if errs else 0.0)
+    if scores[1] < KV_CHOICE_MARGIN * scores[0]:
+        name = "fp8" if not fp8 else "16-bit"
+        return other, (f"calibration: the measured rows fit a {name} KV cache better than the assumed "
+                       f"{'fp8' if fp8 else '16-bit'} one (mean log error {scores[1]:.3f} vs {scores[0]:.3f}); "
+                       f"using it (pass --kv-cache-dtype to fix it)")
+    return setup, None
+
+
 def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None) -> tuple[Fit, list[str]]:
     """Fit `setup`'s step-time factors on the rows measured for the same model, GPU, TP and weight
     scheme. Returns the fit (rows_used 0 when none match) and notes for the user."""
-    from exporter.model.perf import calibration_for, predict, shape_for
-    from exporter.model.traffic import Traffic
+    from exporter.model.perf import calibration_for, shape_for
 
     shape = shape_for(setup)
     prior = calibration_for(shape.gpu_name, shape.gpu_vendor)
@@ -537,13 +601,7 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None) -
                      f" with weights {quantization or '16-bit'}; the a-priori model is used")
         return fit_rows(prior, []), notes
 
-    def measurement(r: Row) -> Measurement:
-        traffic = Traffic(prompt_tokens_mean=r.input_len, output_tokens_mean=r.output_len)
-        return Measurement(lambda cal: predict(setup, traffic, concurrency=r.concurrency, calibration=cal),
-                           r.tpot_s, r.ttft_s, weight=max(r.concurrency, 1.0) * 20,
-                           label=f"line {r.line}")
-
-    fit = fit_rows(prior, [measurement(r) for r in used])
+    fit = fit_rows(prior, _points(setup, used))
     if fit.outliers:
         notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "
                      f"together with the other rows: a load the row does not describe?)")

@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 
 from exporter.errors import InputError
-from exporter.model.calibrate import (ONLINE_FACTORS, Measurement, OnlineCalibration, apply, fit_rows,
-                                      physical, read_rows)
+from exporter.model.calibrate import (ONLINE_FACTORS, Measurement, OnlineCalibration, Row, apply,
+                                      choose_kv_cache, fit_rows, fit_setup, measured_point, physical,
+                                      read_rows)
 from exporter.model.perf import calibration_for, predict, shape_for
 from exporter.model.setup import Setup
 from exporter.model.traffic import Traffic
@@ -293,3 +294,75 @@ def test_step_time_scale_is_hidden_and_dumps_pair(cli_env, tmp_path):
                           "--gpu", "L4", "--json"], capture_output=True, text=True, env=cli_env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["targets"][0]["observed"]["tpot_mean_s"]
+
+
+def _shared_group(shared, gpu: str, tp: str, lengths: tuple[str, str]) -> list[dict]:
+    path = shared("fixtures", "throughput-observations.csv")
+    return sorted((r for r in csv.DictReader(open(path))
+                   if r["model"] == "meta-llama/Llama-3.1-70B" and r["gpu"] == gpu and r["tp"] == tp
+                   and r["num_gpus"] == tp and r["dtype"] == "fp8" and (r["input_len"], r["output_len"]) == lengths
+                   and r["ttft_ms"]), key=lambda r: int(r["concurrency"]))
+
+
+def test_a_row_past_the_real_pool_is_set_aside_whole(shared):
+    """A closed loop of fixed lengths runs its requests in step, so it needs c x (prompt + output)
+    tokens at its peak. Where that exceeds the pool and the measured TTFT is more than twice the
+    a-priori one, the server held fewer requests than the model's pool: both latencies are set by
+    a batch the model mis-sizes and neither is fitted (Llama-3.1-70B FP8 on one H200, 1024/8192,
+    c=64: TTFT 5.3 s measured, 0.76 s a priori with an FP8 pool). The levels between stay close."""
+    rows = _shared_group(shared, "H200-SXM-141GB", "1", ("1024", "8192"))
+    levels = sorted({int(r["concurrency"]) for r in rows})
+    setup = Setup.build(rows[0]["model"], rows[0]["gpu"], tp=1, quantization="fp8", kv_cache_dtype=None)
+    assert setup.kv_cache_dtype == "fp8"
+
+    def point(r):
+        return measured_point(setup, prompt_tokens=1024, output_tokens=8192, concurrency=int(r["concurrency"]),
+                              tpot_s=float(r["tpot_ms"]) / 1e3, ttft_s=float(r["ttft_ms"]) / 1e3,
+                              label=f"c={r['concurrency']}")
+    top = point(next(r for r in rows if int(r["concurrency"]) == levels[-1]))
+    low = point(next(r for r in rows if int(r["concurrency"]) == levels[0]))
+    assert top.peak_pool_share > 1 > low.peak_pool_share
+    prior = calibration_for(shape_for(setup).gpu_name)
+    fit = fit_rows(prior, [low, top])
+    assert fit.ttft_aside == ("c=64",) and fit.rejected is None
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=8192)
+    for r in rows:
+        c = int(r["concurrency"])
+        if levels[0] < c < levels[-1]:
+            p = predict(setup, t, concurrency=c, calibration=fit.calibration)
+            assert abs(p.tpot_s * 1e3 / float(r["tpot_ms"]) - 1) < 0.15
+            assert abs(p.ttft_s * 1e3 / float(r["ttft_ms"]) - 1) < 0.25
+
+
+def _rows(group: list[dict], levels: tuple[int, ...]) -> list[Row]:
+    return [Row(r["model"], r["gpu"], int(r["tp"]), r["dtype"], float(r["input_len"]), float(r["output_len"]),
+                float(r["concurrency"]), float(r["tpot_ms"]) / 1e3, float(r["ttft_ms"]) / 1e3, i + 2)
+            for i, r in enumerate(group) if int(r["concurrency"]) in levels]
+
+
+def test_measured_rows_choose_the_kv_dtype_that_was_assumed(shared):
+    """Llama-3.1-70B FP8 on 2 x H100, 8192/1024: the runs saturate at c=32 (TPOT equal at 32
+    and 64, TTFT 6.5 s at 32) as a 16-bit pool does; calc assumed an FP8 one. Given the lowest
+    and highest level, the calibration takes the 16-bit pool and the level between it did not
+    see comes out right; where both pools hold the load (4 x H200) the assumption stays."""
+    group = _shared_group(shared, "H100-SXM-80GB", "2", ("8192", "1024"))
+    levels = sorted({int(r["concurrency"]) for r in group})
+    setup = Setup.build("meta-llama/Llama-3.1-70B", "H100-SXM-80GB", tp=2, quantization="fp8", kv_cache_dtype=None)
+    chosen, why = choose_kv_cache(setup, _rows(group, (levels[0], levels[-1])), quantization="fp8")
+    assert setup.kv_cache_dtype == "fp8" and chosen.kv_cache_dtype == "auto"
+    assert why and "16-bit KV cache" in why
+    fit, _ = fit_setup(chosen, _rows(group, (levels[0], levels[-1])), quantization="fp8")
+    wrong, _ = fit_setup(setup, _rows(group, (levels[0], levels[-1])), quantization="fp8")
+    t = Traffic(prompt_tokens_mean=8192, output_tokens_mean=1024)
+    mid = [r for r in group if levels[0] < int(r["concurrency"]) < levels[-1]]
+
+    def err(s, cal):
+        return sum(abs(predict(s, t, concurrency=int(r["concurrency"]), calibration=cal).ttft_s * 1e3
+                       / float(r["ttft_ms"]) - 1) for r in mid) / len(mid)
+    assert err(chosen, fit.calibration) < 0.2 < err(setup, wrong.calibration)
+
+    held = _shared_group(shared, "H200-SXM-141GB", "4", ("1024", "1024"))
+    lv = sorted({int(r["concurrency"]) for r in held})
+    s4 = Setup.build("meta-llama/Llama-3.1-70B", "H200-SXM-141GB", tp=4, quantization="fp8", kv_cache_dtype=None)
+    kept, why = choose_kv_cache(s4, _rows(held, (lv[0], lv[-1])), quantization="fp8")
+    assert kept is s4 and why is None
