@@ -632,6 +632,7 @@ class Daemon:
         # pass as fast as it goes (readiness waits for it), still yielding between chunks
         await self.evaluate_spread(self.cfg.evaluation.interval / 2 if self.ready else 0.0)
         self._gc_maintenance()
+        _release_free_heap()
 
     # least time between full collections of the frozen long-lived state, in evaluation intervals
     # (300 s at the default 30 s): the garbage churn leaves waits at most this long, so the heap's
@@ -775,6 +776,29 @@ class Daemon:
 
     def _state_errors(self) -> dict[str, float]:
         return dict(self.state_store.errors) if self.state_store is not None else {}
+
+
+def _load_malloc_trim():
+    """glibc's `malloc_trim`, or None (musl, macOS: nothing to call)."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def _release_free_heap() -> None:
+    """Give the C heap's free pages back to the system, once per evaluation pass (~1 ms at a
+    200 MB heap). Every scrape body (~50 KB, over pymalloc's limit) and rendered block is a
+    malloc of its own, freed a cycle later, and glibc keeps freed pages inside its arenas. In
+    the 620 s soak the resident size at the end was 203.7 MiB with it against 207.6 without
+    (same fleet and churn): a real saving of ~2 %, not the cause of the soak's growth after its
+    first window (that grew alike with and without; docs/scaling.md)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _phase(url: str) -> float:
