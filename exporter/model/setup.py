@@ -198,11 +198,13 @@ def deployed_kv_dtype(arch: ModelArch, quantization: str | None) -> str:
 
     Such deployments are served and benchmarked with an FP8 cache: NVIDIA's ModelOpt checkpoints
     (nvidia/*-FP8, *-NVFP4) carry `kv_cache_quant_algo: FP8`, and aiconfigurator's harness passes
-    `--kv-cache-dtype fp8` for every FP8, FP8-block and NVFP4 checkpoint it measures. Every
-    measured latency table here says so: at a full pool the runs hold the concurrency of an FP8
-    cache, not a BF16 one (../shared Llama-3.1-70B FP8 TP1 H200 8192/1024 c=32: TTFT 3.1 s
+    `--kv-cache-dtype fp8` for every FP8, FP8-block and NVFP4 checkpoint it measures. The
+    measured latency tables mostly say so: at a full pool the runs hold the concurrency of an
+    FP8 cache, not a BF16 one (../shared Llama-3.1-70B FP8 TP1 H200 8192/1024 c=32: TTFT 3.1 s
     measured, 2.9 s predicted with an FP8 pool, 25.9 s with BF16; the shared table's TTFT over
-    258 rows 17.4 -> 14.3 %, aiconfigurator's 820 held-out rows 34.9 -> 21.5 %).
+    258 rows 17.4 -> 14.3 %, aiconfigurator's 820 held-out rows 34.9 -> 21.5 %). Not all: the
+    shared rows of the same model on 2 x H100 saturate as a 16-bit pool would, which only
+    measured rows can tell (`calibrate.choose_kv_cache`, `calc --calibrate`).
 
     vLLM's own default differs for a runtime `--quantization fp8` of a BF16 checkpoint (it keeps
     a BF16 cache: see `_resolve_kv_dtype`); pass `--kv-cache-dtype auto` to ask for that. An
