@@ -218,6 +218,13 @@ def resolve(args: argparse.Namespace):
     return args._resolved
 
 
+def calibration_rows(args: argparse.Namespace) -> list:
+    """The rows of `--calibrate`'s files, read once per run (the KV choice and the fit use them)."""
+    if getattr(args, "_calibration_rows", None) is None:
+        args._calibration_rows = read_rows(args.calibrate)
+    return args._calibration_rows
+
+
 def build_setup(args: argparse.Namespace) -> Setup:
     return _build_setup(args)
 
@@ -244,7 +251,7 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     assumed = setup.kv_cache_dtype
     if args.kv_cache_dtype is None and args.calibrate:
         # not given: the measured rows say which pool the server had
-        setup, why = choose_kv_cache(setup, read_rows(args.calibrate), quantization=args.quantization)
+        setup, why = choose_kv_cache(setup, calibration_rows(args), quantization=args.quantization)
         notes += [why] if why else []
     if (args.kv_cache_dtype is None and args.quantization and setup.kv_cache_dtype == "fp8"
             and assumed == "fp8"):
@@ -301,7 +308,7 @@ def performance_sections(setup: Setup, args: argparse.Namespace, inp: Inputs) ->
     `--calibrate`, fitted on the measured rows first (and a `calibration` section)."""
     fit, notes = None, []
     if args.calibrate:
-        fit, notes = fit_calibration(setup, read_rows(args.calibrate), quantization=args.quantization)
+        fit, notes = fit_calibration(setup, calibration_rows(args), quantization=args.quantization)
     doc = performance_report(
         setup, prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
         prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,
