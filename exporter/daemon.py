@@ -79,7 +79,9 @@ class TargetState:
     start_time: float | None = None
     served: tuple[tuple[str, str], ...] | None = None   # (model_name, engine_era) of the last scrape
     gpus: TargetGpus | None = None    # when DCGM is configured
-    evaluated: dict[str, tuple[Snapshot, float]] = field(default_factory=dict)  # model -> (snapshot, when) last evaluated
+    # model -> (its window's snapshot count, when) at its last evaluation: a count, not the
+    # snapshot, which the window has thinned since (holding it kept a second whole one per target)
+    evaluated: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def fail(self, reason: str, message: str, now: float) -> None:
         self.up = False
@@ -361,6 +363,7 @@ class Daemon:
         for gone in set(st.pipelines) - seen:
             st.pipelines.pop(gone, None)
             st.reports.pop(gone, None)
+            st.evaluated.pop(gone, None)
             self.narrator.forget(url, gone)
             self.pipelines.calibration.forget(url, gone)
 
@@ -393,7 +396,7 @@ class Daemon:
                 if pipe.latest is None:
                     continue
                 last = st.evaluated.get(model)
-                if last is None or last[0] is not pipe.latest or now - last[1] >= stale or model not in st.reports:
+                if last is None or last[0] != pipe.window.seq or now - last[1] >= stale or model not in st.reports:
                     due.append((st, model, pipe))
         return due
 
@@ -401,7 +404,7 @@ class Daemon:
         try:
             pipe.spec = st.spec
             st.reports[model] = pipe.evaluate(st.metadata, now)
-            st.evaluated[model] = (pipe.latest, now)
+            st.evaluated[model] = (pipe.window.seq, now)
         except Exception:  # one target's bad data must not stop the others
             log.exception("evaluation failed", target=st.spec.url, model_name=model)
             return
@@ -516,6 +519,7 @@ class Daemon:
             "parser_sample_heads": (READER.max_heads, parser["heads"]),
             "parser_label_sets": (READER.max_labelsets, parser["labelsets"]),
             "parser_shapes": (READER.max_shapes, parser["shapes"]),
+            "parser_values": (READER.max_values, parser["values"]),
             "render_sample_heads": self.exposition.head_cache(),
         }
 

@@ -5,18 +5,37 @@ pass yields to the event loop, and the memory caps are exported."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import types
 
 import loopback
 
 from exporter.config import Config, EvaluationConfig, ScrapeConfig, TargetSpec
 from exporter.daemon import Daemon, _phase
+from exporter.parse.snapshot import Snapshot
+from exporter.window.window import PackedHistograms
 
 
 def daemon_for(urls, **scrape) -> Daemon:
     return Daemon(Config(listen="127.0.0.1:0", scrape=ScrapeConfig(interval=1.0, timeout=1.0, jitter=0.01, **scrape),
                          evaluation=EvaluationConfig(interval=1.0, window=60.0),
                          targets=[TargetSpec(url=u, gpu="L4") for u in urls]))
+
+
+def whole_snapshots(root) -> list[Snapshot]:
+    """The Snapshots reachable from `root` that carry their histograms as objects (not a
+    window's packed baselines)."""
+    seen, out, stack = set(), [], [root]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, (type, types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, Snapshot) and not isinstance(o.histograms, PackedHistograms):
+            out.append(o)
+        stack.extend(gc.get_referents(o))
+    return out
 
 
 def test_phases_are_stable_and_spread():
@@ -50,6 +69,9 @@ def test_only_changed_windows_are_evaluated_and_caps_are_exported(captures):
             d.evaluate()                          # nothing new scraped: the same report objects
             assert all(st.reports[m] is r for m, r in first.items())
             await d.scrape_cycle()                # a new snapshot: evaluated anew
+            # ... while the target holds one whole snapshot per model (its window's newest; the
+            # one evaluated before is thinned, not kept whole beside it)
+            assert len(whole_snapshots(st)) == len(st.pipelines)
             await d.evaluate_spread(0.5)
             assert all(st.reports[m] is not r for m, r in first.items())
             await d.scraper.aclose()

@@ -287,25 +287,30 @@ class Reader:
     Caches, keyed by text so one Reader serves every target of a process: sample heads
     `name{labels}` -> (name, labels) (at most `max_heads`, about 450 bytes each), label-set
     texts -> labels (`max_labelsets`, about 400 bytes each), metric names, HELP/TYPE lines and
-    value texts (" 0.0" recurs a lot).
-    A full cache stops taking new entries (no thrashing when a fleet's series outnumber it:
-    the label-set cache still serves the rest), and every `refresh_every` calls all caches are
-    emptied so series of departed targets do not stay forever.
+    value texts (`max_values`, about 130 bytes each: " 0.0" recurs a lot).
+    A full cache of series stops taking new entries (no thrashing when a fleet's series
+    outnumber it: the label-set cache still serves the rest), and every `refresh_every` calls
+    all caches are emptied so series of departed targets do not stay forever. The value cache
+    is emptied whenever it fills instead: most value texts are a growing counter's and never
+    recur, so a larger cache only fills more slowly (a soak's RSS grew for half an hour while a
+    50,000-entry one filled) and what does recur (zeros, constant buckets, `_created` times) is
+    back in it within a parse.
     """
 
     __slots__ = ("prefixes", "names_only", "max_heads", "max_labelsets", "refresh_every", "_calls",
                  "_heads", "_labelsets", "_names", "_comments", "_values", "max_shapes", "_shapes",
-                 "max_hints", "_hints")
+                 "max_hints", "_hints", "max_values")
 
     def __init__(self, prefixes: Iterable[str] | None = ("vllm:",), *, names_only: Iterable[str] = (),
                  max_heads: int = 50_000, max_labelsets: int = 50_000, refresh_every: int = 200_000,
-                 max_shapes: int = 128, max_hints: int = 100_000):
+                 max_shapes: int = 128, max_hints: int = 100_000, max_values: int = 8192):
         self.prefixes: tuple[str, ...] | None = tuple(prefixes) if prefixes is not None else None
         # families (by the name on their HELP/TYPE line) returned without their samples: the
         # caller only needs to know they exist
         self.names_only = frozenset(names_only)
         self.max_heads = max_heads
         self.max_labelsets = max_labelsets
+        self.max_values = max_values
         self.refresh_every = refresh_every
         self._calls = 0
         self._heads: dict[str, tuple[str, dict[str, str]]] = {}
@@ -361,7 +366,7 @@ class Reader:
         if key is not None:
             hint = self._hints.get(key)
             if hint is not None:
-                values = hint.match(text, self._values, self.max_labelsets)
+                values = hint.match(text, self._values, self.max_values)
                 if values is not None:
                     return None, hint, values
         lines = text.split("\n")
@@ -372,7 +377,7 @@ class Reader:
         shape = shapes.get(heads, _IGNORE)
         if shape is not _IGNORE:
             if shape is not None:
-                values = shape.values(tokens, self._values, self.max_labelsets)
+                values = shape.values(tokens, self._values, self.max_values)
                 if values is not None:
                     self._hint(key, shape)
                     return None, shape, values
@@ -433,7 +438,7 @@ class Reader:
         heads = self._heads
         comments = self._comments
         values = self._values
-        max_values = self.max_labelsets
+        max_values = self.max_values
         new = _new_sample
         out: list[Family] = []
         name = ""
@@ -483,12 +488,15 @@ class Reader:
                                   and "\t" not in f and "_" not in f and not f.isdecimal()):
                                 # " 1.5e+03": a plain non-integer value, prometheus_client's float()
                                 v = float(f)
-                                if len(values) < max_values:
-                                    values[r] = v
+                                if len(values) >= max_values:
+                                    values.clear()
+                                values[r] = v
                                 sample = new(Sample, (hit[0], hit[1], v, None))
                             else:
                                 v, ts = _value_and_timestamp(r)
-                                if ts is None and len(values) < max_values:
+                                if ts is None:
+                                    if len(values) >= max_values:
+                                        values.clear()
                                     values[r] = v
                                 sample = new(Sample, (hit[0], hit[1], v, ts))
                         else:
@@ -748,8 +756,9 @@ class _Shape:
                         values[k] = v = _plain_value(t[1:])
                     except ValueError:
                         return None
-                    if len(cache) < cap:
-                        cache[t] = v
+                    if len(cache) >= cap:
+                        cache.clear()
+                    cache[t] = v
         return values
 
     def families(self, values: list) -> list[Family]:

@@ -135,6 +135,12 @@ class Window:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def seq(self) -> int:
+        """Snapshots observed since the window was made (a reset does not go back): changes
+        exactly when the window does."""
+        return self._seq
+
     def snapshots(self) -> list[Snapshot]:
         """The whole snapshots kept, oldest first (a copy); the newest is always among them."""
         ring, cap = self._ring, self.max_samples

@@ -253,6 +253,27 @@ def test_caches_are_bounded_and_full_caches_do_not_change_results():
         assert sizes["heads"] <= 300 and sizes["labelsets"] <= 200 and sizes["comments"] <= 200
 
 
+def test_growing_counters_keep_the_value_cache_within_its_cap():
+    # a counter's value text never recurs: the cache of value texts is emptied when full
+    # (never grows past its cap, whatever the fleet) and results stay the stock parser's,
+    # on both the full parse and the replay of a known shape (a keyed target)
+    text = captures()[0].read_text(encoding="utf-8")
+    reader = Reader(("vllm:",), max_values=64)
+    counters = [line for line in text.splitlines() if line.startswith("vllm:") and "_total" in line
+                and not line.split()[-1].startswith(("0", "1.0"))]
+    assert counters, "a capture with counters past their first value"
+    peak = 0
+    for i in range(40):
+        grown = text
+        for line in counters:
+            head, value = line.rsplit(" ", 1)
+            grown = grown.replace(line, f"{head} {float(value) + 7 * i + 0.5}")
+        key = None if i % 2 else "t"
+        assert normalise(reader.parse(grown, key)) == normalise(stock(grown, ("vllm:",)))
+        peak = max(peak, reader.cache_sizes()["values"])
+    assert 0 < peak <= 64
+
+
 def test_openmetrics_style_input_identical_to_prometheus_client():
     from prometheus_client.openmetrics.exposition import ALLOWUTF8, generate_latest
     from prometheus_client.registry import CollectorRegistry
