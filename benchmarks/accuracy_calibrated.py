@@ -2,8 +2,11 @@
 
 For each group of measured runs sharing model, GPU, TP, weight format and request lengths in
 ../shared/fixtures/throughput-observations.csv, the step-time model is calibrated
-(`exporter.model.calibrate.fit_rows`, what `calc --calibrate` does) on the lowest and highest
-concurrency only — as a sweep would measure — and the levels between are predicted. Printed: TPOT
+on the lowest and highest concurrency only — as a sweep would measure — and the levels between
+are predicted, each as `calc --calibrate` answers it (what `checks/calibrated_latency.py` runs):
+with the row's own vLLM release (`--vllm-version`), the KV dtype chosen by the rows when the CSV
+gives none (`calibrate.choose_kv_cache`), then `calibrate.fit_setup` on the given rows (those of
+the row's release when they span the same loads). Printed: TPOT
 and TTFT mean absolute percentage error on those unseen levels, calibrated and a-priori, per
 group and overall, and which rows the fit set aside as outliers.
 
@@ -21,8 +24,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from exporter.model.calibrate import Measurement, Row, choose_kv_cache, fit_rows, measured_point
-from exporter.model.perf import calibration_for, predict, shape_for
+from exporter.model.calibrate import Row, choose_kv_cache, fit_setup
+from exporter.model.perf import predict
 from exporter.model.setup import Setup
 from exporter.model.traffic import Traffic
 
@@ -59,36 +62,39 @@ def main() -> int:
         levels = sorted({int(r["concurrency"]) for r in rows})
         seen = {levels[0], levels[-1]} | ({levels[len(levels) // 2]} if a.fit_levels == 3 else set())
         quant = {"fp8": "fp8", "fp4": "fp4"}.get(key[3])
-        ver = rows[0]["engine_version"]
-        setup = Setup.build(key[0], key[1], tp=int(key[2]), quantization=quant,
-                            vllm_version=ver if ver not in ("", "unrecorded") else None,
-                            kv_cache_dtype=rows[0].get("kv_cache_dtype") or None)
-        setup0 = setup
-        if not rows[0].get("kv_cache_dtype"):       # not given: as calc --calibrate, the rows choose
-            setup, _ = choose_kv_cache(setup, [Row(r["model"], r["gpu"], int(r["tp"]), r["dtype"],
-                                                   float(r["input_len"]), float(r["output_len"]),
-                                                   float(r["concurrency"]), float(r["tpot_ms"]) / 1e3,
-                                                   float(r["ttft_ms"]) / 1e3, i + 2)
-                                               for i, r in enumerate(rows) if int(r["concurrency"]) in seen],
-                                       quantization=quant)
+        given = [Row(r["model"], r["gpu"], int(r["tp"]), r["dtype"], float(r["input_len"]),
+                     float(r["output_len"]), float(r["concurrency"]), float(r["tpot_ms"]) / 1e3,
+                     float(r["ttft_ms"]) / 1e3, i + 2, r["engine_version"] or None)
+                 for i, r in enumerate(rows) if int(r["concurrency"]) in seen]
         traffic = Traffic(prompt_tokens_mean=float(key[4]), output_tokens_mean=float(key[5]))
+        fits: dict[str | None, tuple] = {}
 
-        def meas(r: dict) -> Measurement:
-            return measured_point(setup, prompt_tokens=float(key[4]), output_tokens=float(key[5]),
-                                  concurrency=int(r["concurrency"]), tpot_s=float(r["tpot_ms"]) / 1e3,
-                                  ttft_s=float(r["ttft_ms"]) / 1e3, label=f"c={r['concurrency']}")
-        fit = fit_rows(calibration_for(shape_for(setup).gpu_name), [meas(r) for r in rows
-                                                                    if int(r["concurrency"]) in seen])
+        def fitted(ver: str | None) -> tuple:
+            """As calc --calibrate answers a row of release `ver`: the KV dtype chosen when not
+            given, then the factors fitted on the given rows (of that release, when some are)."""
+            if ver not in fits:
+                setup0 = Setup.build(key[0], key[1], tp=int(key[2]), quantization=quant, vllm_version=ver,
+                                     kv_cache_dtype=rows[0].get("kv_cache_dtype") or None)
+                setup = setup0
+                if not rows[0].get("kv_cache_dtype"):    # not given: as calc --calibrate, the rows choose
+                    setup, _ = choose_kv_cache(setup0, given, quantization=quant, vllm_version=ver)
+                fit, _ = fit_setup(setup, given, quantization=quant, vllm_version=ver)
+                fits[ver] = (setup0, setup, fit)
+            return fits[ver]
+
         errs = []
         for r in rows:
             c = int(r["concurrency"])
             if c in seen:
                 continue
+            ver = r["engine_version"] if r["engine_version"] not in ("", "unrecorded") else None
+            setup0, setup, fit = fitted(ver)
             p1 = predict(setup, traffic, concurrency=c, calibration=fit.calibration)
             p0 = predict(setup0, traffic, concurrency=c)
             tpot, ttft = float(r["tpot_ms"]) / 1e3, float(r["ttft_ms"]) / 1e3
             errs.append((abs(p1.tpot_s - tpot) / tpot, abs(p0.tpot_s - tpot) / tpot,
                          abs(p1.ttft_s - ttft) / ttft, abs(p0.ttft_s - ttft) / ttft))
+        setup0, setup, fit = fitted(next(iter(fits)) if fits else None)
         rows_all += errs
         m = [100 * sum(e[i] for e in errs) / len(errs) for i in range(4)] if errs else [0.0] * 4
         name = f"{key[0].split('/')[-1]} {key[1]} tp{key[2]} {key[3]} {key[4]}/{key[5]}"

@@ -251,7 +251,8 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     assumed = setup.kv_cache_dtype
     if args.kv_cache_dtype is None and args.calibrate:
         # not given: the measured rows say which pool the server had
-        setup, why = choose_kv_cache(setup, calibration_rows(args), quantization=args.quantization)
+        setup, why = choose_kv_cache(setup, calibration_rows(args), quantization=args.quantization,
+                                     vllm_version=args.vllm_version)
         notes += [why] if why else []
     if (args.kv_cache_dtype is None and args.quantization and setup.kv_cache_dtype == "fp8"
             and assumed == "fp8"):
@@ -308,7 +309,8 @@ def performance_sections(setup: Setup, args: argparse.Namespace, inp: Inputs) ->
     `--calibrate`, fitted on the measured rows first (and a `calibration` section)."""
     fit, notes = None, []
     if args.calibrate:
-        fit, notes = fit_calibration(setup, calibration_rows(args), quantization=args.quantization)
+        fit, notes = fit_calibration(setup, calibration_rows(args), quantization=args.quantization,
+                                     vllm_version=args.vllm_version)
     doc = performance_report(
         setup, prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
         prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,

@@ -126,7 +126,8 @@ class FleetCalibration:
         if filt is None:
             filt = OnlineCalibration()
             if self.rows:
-                fit, _ = fit_setup(setup, self.rows, quantization=setup.quantization)
+                fit, _ = fit_setup(setup, self.rows, quantization=setup.quantization,
+                                   vllm_version=setup.vllm_version)
                 if fit.rows_used and not fit.rejected:
                     # start from the measured runs: their fitted factors, with the fit's spread
                     names = list(fit.names)

@@ -460,6 +460,7 @@ class Row:
     tpot_s: float | None
     ttft_s: float | None
     line: int
+    engine_version: str | None = None     # the release that served the row, when recorded
 
 
 def read_rows(paths: Iterable[str | Path]) -> list[Row]:
@@ -483,7 +484,8 @@ def read_rows(paths: Iterable[str | Path]) -> list[Row]:
                 row = Row(model=r["model"].strip(), gpu=r["gpu"].strip(), tp=int(r["tp"]),
                           dtype=(r.get("dtype") or "").strip().lower(),
                           input_len=float(r["input_len"]), output_len=float(r["output_len"]),
-                          concurrency=float(r["concurrency"]), tpot_s=tpot, ttft_s=ttft, line=i)
+                          concurrency=float(r["concurrency"]), tpot_s=tpot, ttft_s=ttft, line=i,
+                          engine_version=(r.get("engine_version") or "").strip() or None)
             except (TypeError, ValueError) as exc:
                 raise InputError(f"{p}: line {i}: {exc}") from None
             if row.concurrency < 1 or row.input_len < 1 or row.output_len < 1:
@@ -505,9 +507,28 @@ def row_quantization(row: Row) -> str | None:
     return _DTYPE_QUANT.get(row.dtype)
 
 
+def release(version: str | tuple | None) -> str | None:
+    """The release a version names, to the minor ('0.19.0' and '0.19.1' -> '0.19'; a main-branch
+    build keeps its own name: 'nightly-<commit>'); None when unknown ('', 'unrecorded')."""
+    if version is None:
+        return None
+    if isinstance(version, tuple):
+        return ".".join(str(v) for v in version[:2]) if len(version) >= 2 else None
+    text = version.strip().lower()
+    if text.split("-")[0] in ("nightly", "main", "latest"):
+        return text
+    from exporter.parse.version import read_version
+    v = read_version(text)
+    return None if v is None else f"{v[0]}.{v[1]}"
+
+
 def matching(rows: Sequence[Row], *, model: str, gpu: str, tp: int, quantization: str | None,
-             same_model: Callable[[str, str], bool], same_gpu: Callable[[str, str], bool]) -> list[Row]:
-    """Rows of the same model, GPU, TP and weight scheme as the query."""
+             same_model: Callable[[str, str], bool], same_gpu: Callable[[str, str], bool],
+             vllm_version: str | tuple | None = None) -> list[Row]:
+    """Rows of the same model, GPU, TP and weight scheme as the query; of those, the rows of the
+    query's vLLM release when some are (`vllm_version`, to the minor): another release's kernels
+    and scheduler are another server (aiconfigurator's MiniMax-M2.5 on 4 x B200: c=4 at 8.0 ms
+    TPOT on 0.19 and 9.5 ms on 0.17), and a sweep calibrates the build it ran on."""
     out = []
     for r in rows:
         if r.tp != tp or not same_model(r.model, model) or not same_gpu(r.gpu, gpu):
@@ -515,7 +536,19 @@ def matching(rows: Sequence[Row], *, model: str, gpu: str, tp: int, quantization
         if row_quantization(r) != _DTYPE_QUANT.get((quantization or "").lower()):
             continue
         out.append(r)
+    want = release(vllm_version)
+    if want is not None:
+        same = [r for r in out if release(r.engine_version) == want]
+        # only when they span the loads the others do: a fit's shape comes from its levels, and
+        # one level of the same build bends the curve worse than two of a neighbour's
+        if same and _spans(same) >= _spans(out):
+            return same
     return out
+
+
+def _spans(rows: Sequence[Row]) -> int:
+    """Distinct (lengths, concurrency) points among rows."""
+    return len({(r.input_len, r.output_len, r.concurrency) for r in rows})
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -545,7 +578,8 @@ def _points(setup: object, rows: Sequence[Row]) -> list[Measurement]:
 KV_CHOICE_MARGIN = 0.5     # the other KV dtype's error must be under this share of the assumed one's
 
 
-def choose_kv_cache(setup: Any, rows: Sequence[Row], *, quantization: str | None) -> tuple[Any, str | None]:
+def choose_kv_cache(setup: Any, rows: Sequence[Row], *, quantization: str | None,
+                    vllm_version: str | tuple | None = None) -> tuple[Any, str | None]:
     """For a setup whose KV cache dtype was assumed (not given), the one of {16-bit, FP8} under
     which the calibrated model explains the measured rows best, and a note when it is not the
     assumed one.
@@ -560,14 +594,15 @@ def choose_kv_cache(setup: Any, rows: Sequence[Row], *, quantization: str | None
     taken only when it explains them decisively better (`KV_CHOICE_MARGIN`): where both pools
     hold the load the two scores are equal, and a few percent apart is noise."""
     used = matching(rows, model=setup.model.name, gpu=setup.gpu.name, tp=setup.tp,
-                    quantization=quantization, same_model=_same_model, same_gpu=_same_gpu)
+                    quantization=quantization, same_model=_same_model, same_gpu=_same_gpu,
+                    vllm_version=vllm_version)
     if not used:
         return setup, None
     fp8 = str(setup.kv_cache_dtype).startswith("fp8")
     other = replace(setup, kv_cache_dtype="auto" if fp8 else "fp8")
     scores = []
     for s in (setup, other):
-        fit, _ = fit_setup(s, used, quantization=quantization)
+        fit, _ = fit_setup(s, used, quantization=quantization, vllm_version=vllm_version)
         errs = []
         for m in _points(s, used):
             p = m.predict(fit.calibration)
@@ -583,9 +618,11 @@ def choose_kv_cache(setup: Any, rows: Sequence[Row], *, quantization: str | None
     return setup, None
 
 
-def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None) -> tuple[Fit, list[str]]:
+def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
+              vllm_version: str | tuple | None = None) -> tuple[Fit, list[str]]:
     """Fit `setup`'s step-time factors on the rows measured for the same model, GPU, TP and weight
-    scheme. Returns the fit (rows_used 0 when none match) and notes for the user."""
+    scheme (those of the query's release, `vllm_version`, when some are). Returns the fit
+    (rows_used 0 when none match) and notes for the user."""
     from exporter.model.perf import calibration_for, shape_for
 
     shape = shape_for(setup)
@@ -594,8 +631,14 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None) -
     gpu_name = setup.gpu.name              # type: ignore[attr-defined]
     tp = setup.tp                          # type: ignore[attr-defined]
     used = matching(rows, model=model_name, gpu=gpu_name, tp=tp, quantization=quantization,
-                    same_model=_same_model, same_gpu=_same_gpu)
+                    same_model=_same_model, same_gpu=_same_gpu, vllm_version=vllm_version)
     notes: list[str] = []
+    if used and vllm_version is not None:
+        every = matching(rows, model=model_name, gpu=gpu_name, tp=tp, quantization=quantization,
+                         same_model=_same_model, same_gpu=_same_gpu)
+        if len(every) > len(used):
+            notes.append(f"calibration: {len(every) - len(used)} matching row(s) of other vLLM releases not "
+                         f"used (rows of {release(vllm_version)} are)")
     if not used:
         notes.append(f"calibration: none of {len(rows)} row(s) is for {model_name} on {tp} x {gpu_name}"
                      f" with weights {quantization or '16-bit'}; the a-priori model is used")

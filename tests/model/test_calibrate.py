@@ -196,6 +196,50 @@ def test_calc_calibrate_uses_matching_rows(tmp_path, cli_env):
     assert bad.returncode == 2 and "absent.csv" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_calc_calibrate_prefers_rows_of_the_query_release(tmp_path, cli_env):
+    # one file, two releases at the same levels: 0.19 runs as `truth`, 0.17 as the catalog; each
+    # query is calibrated on its own release's rows, and on every row when it names none or its
+    # release was measured at fewer loads
+    setup = _setup()
+    prior, truth = _truth(setup)
+    both = tmp_path / "both.csv"
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=256)
+    with open(both, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS + ["engine_version"])
+        for version, cal in (("0.19.0", truth), ("0.17.0", prior)):
+            for c in (1, 64):
+                p = predict(setup, t, concurrency=c, calibration=cal)
+                w.writerow(["meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB", 1, "bf16", 1024, 256, c, "",
+                            p.tpot_s * 1000, p.ttft_s * 1000, version])
+    base = ["vllm-drift", "calc", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+            "--prompt-tokens", "1024", "--output-tokens", "256", "--concurrency", "16", "--json",
+            "--calibrate", str(both)]
+    got = {}
+    with open(both, "a", newline="") as f:      # one level of a third release
+        p = predict(setup, t, concurrency=1, calibration=truth)
+        csv.writer(f).writerow(["meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB", 1, "bf16", 1024, 256, 1, "",
+                                p.tpot_s * 1000, p.ttft_s * 1000, "0.18.0"])
+    for version in ("0.19.1", "0.17.0", None, "0.18.0"):
+        out = subprocess.run(base + (["--vllm-version", version] if version else []), capture_output=True,
+                             text=True, env=cli_env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        got[version] = json.loads(out.stdout)
+    new, old = (predict(setup, t, concurrency=16, calibration=k).tpot_s for k in (truth, prior))
+    assert abs(new / old - 1) > 0.1                       # the releases differ enough to tell
+    assert got["0.19.1"]["calibration"]["rows_used"] == 2
+    assert abs(got["0.19.1"]["predicted"]["tpot_s"] / new - 1) < 0.03
+    assert any("3 matching row(s) of other vLLM releases not used (rows of 0.19 are)" in n
+               for n in got["0.19.1"]["notes"])
+    assert abs(got["0.17.0"]["predicted"]["tpot_s"] / old - 1) < 0.03
+    assert got[None]["calibration"]["rows_used"] == 5
+    # a release measured at fewer loads than the others: every row (one level cannot shape a curve)
+    assert got["0.18.0"]["calibration"]["rows_used"] == 5
+    assert not any("other vLLM releases" in n for n in got["0.18.0"]["notes"])
+    mixed = got[None]["predicted"]["tpot_s"]
+    assert min(new, old) < mixed < max(new, old)
+
+
 def test_calibrated_accuracy_on_shared_rows(shared):
     """Lowest and highest concurrency of each measured group in, the levels between predicted:
     the calibrated model must beat the a-priori one on levels it did not see."""
