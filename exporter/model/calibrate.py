@@ -31,6 +31,7 @@ import numpy as np
 
 from exporter.errors import InputError
 from exporter.model.perf import Calibration, Prediction
+from exporter.parse.version import read_version
 
 # ---------------------------------------------------------------------------------------------
 # The free factors
@@ -517,7 +518,6 @@ def release(version: str | tuple | None) -> str | None:
     text = version.strip().lower()
     if text.split("-")[0] in ("nightly", "main", "latest"):
         return text
-    from exporter.parse.version import read_version
     v = read_version(text)
     return None if v is None else f"{v[0]}.{v[1]}"
 
@@ -536,14 +536,19 @@ def matching(rows: Sequence[Row], *, model: str, gpu: str, tp: int, quantization
         if row_quantization(r) != _DTYPE_QUANT.get((quantization or "").lower()):
             continue
         out.append(r)
+    return of_release(out, vllm_version)
+
+
+def of_release(rows: Sequence[Row], vllm_version: str | tuple | None) -> list[Row]:
+    """`rows` narrowed to those of `vllm_version`'s release, when some are and they span the
+    loads the others do: a fit's shape comes from its levels, and one level of the same build
+    bends the curve worse than two of a neighbour's."""
     want = release(vllm_version)
     if want is not None:
-        same = [r for r in out if release(r.engine_version) == want]
-        # only when they span the loads the others do: a fit's shape comes from its levels, and
-        # one level of the same build bends the curve worse than two of a neighbour's
-        if same and _spans(same) >= _spans(out):
+        same = [r for r in rows if release(r.engine_version) == want]
+        if same and _spans(same) >= _spans(rows):
             return same
-    return out
+    return list(rows)
 
 
 def _spans(rows: Sequence[Row]) -> int:
@@ -630,12 +635,11 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
     model_name = setup.model.name          # type: ignore[attr-defined]
     gpu_name = setup.gpu.name              # type: ignore[attr-defined]
     tp = setup.tp                          # type: ignore[attr-defined]
-    used = matching(rows, model=model_name, gpu=gpu_name, tp=tp, quantization=quantization,
-                    same_model=_same_model, same_gpu=_same_gpu, vllm_version=vllm_version)
+    every = matching(rows, model=model_name, gpu=gpu_name, tp=tp, quantization=quantization,
+                     same_model=_same_model, same_gpu=_same_gpu)
+    used = of_release(every, vllm_version)
     notes: list[str] = []
-    if used and vllm_version is not None:
-        every = matching(rows, model=model_name, gpu=gpu_name, tp=tp, quantization=quantization,
-                         same_model=_same_model, same_gpu=_same_gpu)
+    if used:
         if len(every) > len(used):
             notes.append(f"calibration: {len(every) - len(used)} matching row(s) of other vLLM releases not "
                          f"used (rows of {release(vllm_version)} are)")
