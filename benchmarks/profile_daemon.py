@@ -5,7 +5,8 @@ N targets each receive a real vLLM capture whose counters move from scrape to sc
 counter, histogram bucket, sum and count grows by a per-line step, so no two consecutive bodies are
 equal, as on a busy server). The script drives the daemon's own steps as `serve` does: parse +
 observe for every target each scrape, evaluation + /metrics block rendering for every target each
-second scrape (evaluation 30 s, scrape 15 s), and one publish per scrape cycle; and prints the
+second scrape (evaluation 30 s, scrape 15 s), one publish per scrape cycle and the daemon's
+collector regime (young generations collected and frozen every simulated second); and prints the
 time per target per step. `--profile FILE` writes a cProfile of the measured cycles (read it with
 `python -m pstats FILE`). In the daemon every step costs more than here (the event loop, aiohttp,
 sockets, the loopback fleet sharing the cores): use `benchmarks/scale.py --profile DIR` (py-spy)
@@ -72,7 +73,17 @@ def main() -> int:
                       targets=[TargetSpec(url=u, gpu=args.gpu or None) for u in urls]))
     for u in urls:
         d.targets[u] = TargetState(d.discovery.targets()[u])
-    spent = {"parse": 0.0, "observe": 0.0, "evaluate": 0.0, "render": 0.0, "publish": 0.0}
+    spent = {"parse": 0.0, "observe": 0.0, "evaluate": 0.0, "render": 0.0, "publish": 0.0, "gc": 0.0}
+    # the daemon's collector regime: young generations collected and frozen every second
+    # (`Daemon._gc_maintenance`, run by `_gc_tick`); here every 1/15 of a scrape cycle's targets
+    per_second = max(1, args.targets // 15)
+    done = 0
+
+    def tick(measuring: bool) -> None:
+        a = time.perf_counter()
+        d._gc_maintenance()
+        if measuring:
+            spent["gc"] += time.perf_counter() - a
     prof = cProfile.Profile() if args.profile else None
     t0 = time.time() - 15.0 * (args.warm + args.cycles)
     for k, body in enumerate(scrapes):
@@ -90,6 +101,9 @@ def main() -> int:
             if measuring:
                 spent["parse"] += b - a
                 spent["observe"] += c - b
+            done += 1
+            if done % per_second == 0:
+                tick(measuring)
         if k % args.evaluate_every == args.evaluate_every - 1:
             for st, model, pipe in d._due(now):
                 a = time.perf_counter()
@@ -100,6 +114,9 @@ def main() -> int:
                 if measuring:
                     spent["evaluate"] += b - a
                     spent["render"] += c - b
+                done += 1
+                if done % per_second == 0:
+                    tick(measuring)
         a = time.perf_counter()
         d.publish()
         d.exposition.render_parts()
