@@ -64,8 +64,9 @@ class CachedExposition(Exposition):
     def __init__(self, *, compress_min_bytes: int = 256 * 1024) -> None:
         self._blocks: dict[str, tuple[tuple, dict[str, bytes]]] = {}   # target -> (reports key, family -> lines)
         self._rendered: tuple[bytes, ...] = ()
-        self._superseded: tuple[tuple[bytes, ...], float] = ((), 0.0)   # (the body before, monotonic time replaced)
-        self._gz: tuple[tuple[bytes, ...], bytes] | None = None   # (body it compresses, gzip bytes)
+        self._serial = 0                            # publishes so far: the number of `_rendered`
+        self._replaced_at = 0.0                     # monotonic time `_rendered` replaced the body before it
+        self._gz: tuple[tuple[bytes, ...], bytes, int] | None = None   # (body it compresses, gzip bytes, its serial)
         self._gz_lock = threading.Lock()
         self._gz_thread: threading.Thread | None = None
         self.compress_min_bytes = compress_min_bytes
@@ -81,7 +82,8 @@ class CachedExposition(Exposition):
         except ValueError:      # a family the split cannot join (OpenMetrics-only samples)
             self.collector.view = view
             body = (self._renderer.render(self.registry.collect()),)
-        self._superseded = (self._rendered, time.monotonic())
+        self._replaced_at = time.monotonic()
+        self._serial += 1
         self._rendered = body
         self._compress_later(body)
 
@@ -172,10 +174,12 @@ class CachedExposition(Exposition):
 
     def _compress_loop(self) -> None:
         while True:
-            body = self._rendered
+            # read mid-publish, the serial may be the next body's: that gzip is then never
+            # served as the body before (see render_gzip_parts), only ever as its own body
+            body, serial = self._rendered, self._serial
             gz = gzip_parts(body)
             with self._gz_lock:
-                self._gz = (body, gz)
+                self._gz = (body, gz, serial)
                 if self._rendered is body:
                     self._gz_thread = None
                     return
@@ -219,10 +223,8 @@ class CachedExposition(Exposition):
         if gz is not None and gz[0] is body:
             return gz[1], self._live()[1]
         self._compress_later(body)
-        if gz is not None:
-            before, replaced_at = self._superseded
-            if gz[0] is before and now - replaced_at <= self.GZIP_STALE_MAX:
-                return gz[1], self._live()[1]      # one publish back, while the newest compresses
+        if gz is not None and gz[2] == self._serial - 1 and now - self._replaced_at <= self.GZIP_STALE_MAX:
+            return gz[1], self._live()[1]          # one publish back, while the newest compresses
         return None
 
     def render_gzip(self) -> bytes | None:
