@@ -67,8 +67,19 @@ FACTORS: tuple[Factor, ...] = (
     # growth of TPOT with context from the weight reads, which a two-level sweep cannot do with
     # the bandwidth factor alone (it lands above 1). Bounds: FP8 (0.5) to a little over bf16
     Factor("kv_read", ("kv_read_scale",), 0.35, 0.45, 1.15),
+    # MoE: how fast the routed-expert reads grow with the batch (`expert_touch_scale`). Measured
+    # MoE sweeps grow more evenly with concurrency than independent uniform routing predicts
+    # (docs/model.md). Only fitted from rows at two or more loads (CURVE_FACTORS), and only for
+    # MoE models. Bounds: half the independent draws (lower, a row whose TPOT falls with load -
+    # the shared gpt-oss c=512 rows - is explained by a flat curve instead of being set aside)
+    # to twice (a router more even than chance). Spread 0.4: the shared rows are indifferent
+    # between 0.3 and 0.5 and worse at 0.2 and 0.7 (benchmarks/accuracy_calibrated.py)
+    Factor("expert_touch", ("expert_touch_scale",), 0.4, 0.5, 2.0),
 )
 FACTOR_NAMES = tuple(f.name for f in FACTORS)
+# Factors that shape how TPOT grows with load: rows at one load cannot tell them from the others,
+# so they are fitted only from rows measured at two or more loads (`fit_rows`)
+CURVE_FACTORS = ("expert_touch",)
 # Online, the TTFT terms are not identifiable from one operating point and would soak up noise:
 # the daemon fits the step-time factors only.
 ONLINE_FACTORS = ("step_overhead", "bandwidth_efficiency", "compute_efficiency", "per_token")
@@ -153,6 +164,7 @@ class Measurement:
     # the KV pool's share the load needs when its requests run in step: concurrency x (prompt +
     # output) / pool tokens (a benchmark's fixed lengths started together stay in step); 0: unknown
     peak_pool_share: float = 0.0
+    load: float = 0.0          # the concurrency measured (0: unknown)
 
 
 def measured_point(setup: object, *, prompt_tokens: float, output_tokens: float, concurrency: float,
@@ -166,7 +178,8 @@ def measured_point(setup: object, *, prompt_tokens: float, output_tokens: float,
     pool = kv_tokens_for(setup)
     return Measurement(lambda cal: predict(setup, traffic, concurrency=concurrency, calibration=cal),
                        tpot_s, ttft_s, weight=max(concurrency, 1.0) * 20, label=label,
-                       peak_pool_share=concurrency * (prompt_tokens + output_tokens) / pool if pool else 0.0)
+                       peak_pool_share=concurrency * (prompt_tokens + output_tokens) / pool if pool else 0.0,
+                       load=float(concurrency))
 
 
 # Relative noise of one measured mean (log scale), before dividing by the requests behind it;
@@ -313,7 +326,10 @@ def fit_rows(prior: Calibration, meas: Sequence[Measurement],
     meas, ttft_aside = _ttft_informative(prior, meas)
     kept = list(meas)
     outliers: list[str] = []
+    every = names
     while True:
+        if len({m.load for m in kept}) < 2:
+            names = tuple(n for n in every if n not in CURVE_FACTORS)
         free, _ = map_fit(prior, kept, names)
         x, cov = map_fit(prior, kept, names, constrained=True)
         cal = apply(prior, names, x)
@@ -648,7 +664,8 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
                      f" with weights {quantization or '16-bit'}; the a-priori model is used")
         return fit_rows(prior, []), notes
 
-    fit = fit_rows(prior, _points(setup, used))
+    names = FACTOR_NAMES if shape.n_experts else tuple(n for n in FACTOR_NAMES if n != "expert_touch")
+    fit = fit_rows(prior, _points(setup, used), names)
     if fit.outliers:
         notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "
                      f"together with the other rows: a load the row does not describe?)")

@@ -71,6 +71,12 @@ class Calibration:
                   cache dtype: 1 a priori; 0.5 is a server storing its KV cache in FP8 that calc
                   was not told about (`--kv-cache-dtype fp8`, common in Blackwell benchmark
                   recipes), fitted by `calc --calibrate` from how TPOT grows with context
+    expert_touch_scale  MoE: independent draws per token of the step in the experts-touched law
+                  (1 - (1 - k/E)^(tokens x scale)): 1 a priori (every token routes on its own,
+                  uniformly); below 1 when a batch's tokens share experts (routing skewed toward
+                  popular experts), so the routed weights read grow more evenly with the batch.
+                  Fitted by `calc --calibrate` from how TPOT grows with concurrency; inert for
+                  dense models
 
     The step-time factors (what an online calibration fits, issue 15) are STEP_FACTORS; the
     TTFT/queueing factors are TTFT_FACTORS.
@@ -98,6 +104,7 @@ class Calibration:
     sample_sort_s: float = 0.0
     kv_read_scale: float = 1.0
     layer_s: float = 0.0
+    expert_touch_scale: float = 1.0
 
 
 # the free factors of the step-time model, few and physical (fitted per GPU class offline by
@@ -305,7 +312,7 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     w_exp = 0.0
     if shape.n_experts:
         miss = 1.0 - shape.experts_per_token / shape.n_experts
-        w_exp = shape.expert_weight_bytes * (1.0 - miss ** tokens)
+        w_exp = shape.expert_weight_bytes * (1.0 - miss ** (tokens * cal.expert_touch_scale))
     ctx_per_seq = decode_context_tokens / b if b else 0.0
     kv = decode_context_tokens * shape.kv_bytes_per_ctx_token
     if shape.swa_kv_bytes_per_token:

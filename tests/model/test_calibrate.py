@@ -80,6 +80,38 @@ def test_kv_read_factor_finds_a_kv_cache_half_the_predicted_bytes():
         assert err < 0.03 and err <= err0
 
 
+def test_expert_touch_is_fitted_from_two_loads_of_an_moe_sweep():
+    """An MoE server whose batches share experts (fewer independent routing draws than tokens)
+    reads fewer expert weights at mid loads than independent routing predicts, so its TPOT grows
+    more evenly with concurrency. From the lowest and highest level the expert_touch factor lands
+    below 1 and the levels between follow better than without it; rows at a single load never
+    move it (they cannot tell it from the bandwidth share)."""
+    setup = Setup.build("openai/gpt-oss-120b", "H100-SXM-80GB", tp=2)
+    assert shape_for(setup).n_experts > 0
+    prior = calibration_for(shape_for(setup).gpu_name)
+    truth = replace(prior, expert_touch_scale=0.6)
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=1024)
+
+    def meas(c):
+        true = predict(setup, t, concurrency=c, calibration=truth)
+        return Measurement(lambda k: predict(setup, t, concurrency=c, calibration=k), true.tpot_s,
+                           true.ttft_s, weight=c * 20, label=f"c={c}", load=c)
+    seen = [meas(4), meas(64)]
+    fit = fit_rows(prior, seen)
+    without = fit_rows(prior, seen, names=[n for n in fit.names if n != "expert_touch"])
+    assert fit.rejected is None and "expert_touch" in fit.names
+    assert 0.5 <= fit.calibration.expert_touch_scale < 0.85
+    errs, errs0 = [], []
+    for c in (8, 16, 32):
+        want = predict(setup, t, concurrency=c, calibration=truth).tpot_s
+        errs.append(abs(predict(setup, t, concurrency=c, calibration=fit.calibration).tpot_s - want) / want)
+        errs0.append(abs(predict(setup, t, concurrency=c, calibration=without.calibration).tpot_s - want) / want)
+    assert sum(errs) < 0.5 * sum(errs0) and max(errs) < 0.05
+    one_load = fit_rows(prior, [meas(16)])
+    assert "expert_touch" not in one_load.names
+    assert one_load.calibration.expert_touch_scale == prior.expert_touch_scale
+
+
 def test_an_unphysical_fit_is_rejected():
     setup = _setup()
     prior = calibration_for(shape_for(setup).gpu_name)
