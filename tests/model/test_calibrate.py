@@ -32,11 +32,13 @@ def _truth(setup: Setup):
     return prior, replace(prior, step_overhead_s=prior.step_overhead_s * 1.4, bw_eff=prior.bw_eff * 0.85)
 
 
-def _measure(setup, cal, c, prompt=1024, output=256) -> Measurement:
+def _measure(setup, cal, c, prompt=1024, output=256, load=0.0) -> Measurement:
+    """What `cal` predicts at concurrency c, as a measured row (`load`: the concurrency it
+    states, 0 for a row that does not say)."""
     t = Traffic(prompt_tokens_mean=prompt, output_tokens_mean=output)
     true = predict(setup, t, concurrency=c, calibration=cal)
     return Measurement(lambda k: predict(setup, t, concurrency=c, calibration=k), true.tpot_s, true.ttft_s,
-                       weight=c * 20, label=f"c={c}")
+                       weight=c * 20, label=f"c={c}", load=load)
 
 
 def test_fit_from_two_levels_predicts_the_levels_between():
@@ -64,12 +66,7 @@ def test_kv_read_factor_finds_a_kv_cache_half_the_predicted_bytes():
     prior = calibration_for(shape_for(setup).gpu_name)
     truth = replace(prior, kv_read_scale=0.5)
     t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=8192)
-
-    def meas(c):
-        true = predict(setup, t, concurrency=c, calibration=truth)
-        return Measurement(lambda k: predict(setup, t, concurrency=c, calibration=k), true.tpot_s,
-                           true.ttft_s, weight=c * 20, label=f"c={c}")
-    seen = [meas(4), meas(64)]
+    seen = [_measure(setup, truth, c, output=8192) for c in (4, 64)]
     with_kv = fit_rows(prior, seen)
     without = fit_rows(prior, seen, names=[n for n in with_kv.names if n != "kv_read"])
     assert with_kv.rejected is None and 0.4 < with_kv.calibration.kv_read_scale < 0.65
@@ -91,12 +88,7 @@ def test_expert_touch_is_fitted_from_two_loads_of_an_moe_sweep():
     prior = calibration_for(shape_for(setup).gpu_name)
     truth = replace(prior, expert_touch_scale=0.6)
     t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=1024)
-
-    def meas(c):
-        true = predict(setup, t, concurrency=c, calibration=truth)
-        return Measurement(lambda k: predict(setup, t, concurrency=c, calibration=k), true.tpot_s,
-                           true.ttft_s, weight=c * 20, label=f"c={c}", load=c)
-    seen = [meas(4), meas(64)]
+    seen = [_measure(setup, truth, c, output=1024, load=c) for c in (4, 64)]
     fit = fit_rows(prior, seen)
     without = fit_rows(prior, seen, names=[n for n in fit.names if n != "expert_touch"])
     assert fit.rejected is None and "expert_touch" in fit.names
@@ -107,7 +99,7 @@ def test_expert_touch_is_fitted_from_two_loads_of_an_moe_sweep():
         errs.append(abs(predict(setup, t, concurrency=c, calibration=fit.calibration).tpot_s - want) / want)
         errs0.append(abs(predict(setup, t, concurrency=c, calibration=without.calibration).tpot_s - want) / want)
     assert sum(errs) < 0.5 * sum(errs0) and max(errs) < 0.05
-    one_load = fit_rows(prior, [meas(16)])
+    one_load = fit_rows(prior, [_measure(setup, truth, 16, output=1024, load=16)])
     assert "expert_touch" not in one_load.names
     assert one_load.calibration.expert_touch_scale == prior.expert_touch_scale
 
