@@ -75,11 +75,19 @@ FACTORS: tuple[Factor, ...] = (
     # to twice (a router more even than chance). Spread 0.4: the shared rows are indifferent
     # between 0.3 and 0.5 and worse at 0.2 and 0.7 (benchmarks/accuracy_calibrated.py)
     Factor("expert_touch", ("expert_touch_scale",), 0.4, 0.5, 2.0),
+    # MoE: routing work per decode token (`moe_decode_token_scale`): where TPOT keeps growing
+    # with load after every expert is touched. Bounds: none a priori (1) to 49 x the prompt
+    # tokens' routing cost; a factor below 1 would explain rows whose TPOT falls with load (the
+    # shared gpt-oss c=512 rows: shared 4.2 -> 4.7 %) instead of setting them aside. Spread 1.0:
+    # the shared rows are indifferent from 0.5 to 2 (4.245 % each)
+    Factor("moe_decode_token", ("moe_decode_token_scale",), 1.0, 1.0, 50.0),
 )
 FACTOR_NAMES = tuple(f.name for f in FACTORS)
 # Factors that shape how TPOT grows with load: rows at one load cannot tell them from the others,
 # so they are fitted only from rows measured at two or more loads (`fit_rows`)
-CURVE_FACTORS = ("expert_touch",)
+CURVE_FACTORS = ("expert_touch", "moe_decode_token")
+# Factors inert for a dense model (not fitted for one)
+MOE_FACTORS = ("expert_touch", "moe_decode_token")
 # Online, the TTFT terms are not identifiable from one operating point and would soak up noise:
 # the daemon fits the step-time factors only.
 ONLINE_FACTORS = ("step_overhead", "bandwidth_efficiency", "compute_efficiency", "per_token")
@@ -664,7 +672,7 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
                      f" with weights {quantization or '16-bit'}; the a-priori model is used")
         return fit_rows(prior, []), notes
 
-    names = FACTOR_NAMES if shape.n_experts else tuple(n for n in FACTOR_NAMES if n != "expert_touch")
+    names = FACTOR_NAMES if shape.n_experts else tuple(n for n in FACTOR_NAMES if n not in MOE_FACTORS)
     fit = fit_rows(prior, _points(setup, used), names)
     if fit.outliers:
         notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "

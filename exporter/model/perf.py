@@ -77,6 +77,13 @@ class Calibration:
                   popular experts), so the routed weights read grow more evenly with the batch.
                   Fitted by `calc --calibrate` from how TPOT grows with concurrency; inert for
                   dense models
+    moe_decode_token_scale  MoE: the routing work per token and MoE layer (top-k, sort, permute,
+                  activation quantization; MOE_TOKEN_LAYER_S, charged on prompt tokens) that
+                  decode tokens pay as well, as (scale - 1) x MOE_TOKEN_LAYER_S: 1 a priori (a
+                  decode step's few routing rows sit under the MoE layers' kernel floor); above 1
+                  where TPOT keeps growing with the batch after every expert is touched (FP8
+                  MoE on B200/H200: 43-89 us per added request). Fitted by `calc --calibrate`
+                  from rows at two or more loads; inert for dense models
 
     The step-time factors (what an online calibration fits, issue 15) are STEP_FACTORS; the
     TTFT/queueing factors are TTFT_FACTORS.
@@ -105,6 +112,7 @@ class Calibration:
     kv_read_scale: float = 1.0
     layer_s: float = 0.0
     expert_touch_scale: float = 1.0
+    moe_decode_token_scale: float = 1.0
 
 
 # the free factors of the step-time model, few and physical (fitted per GPU class offline by
@@ -346,7 +354,7 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     seqs = b + (1.0 if prefill_tokens else 0.0)
     bw_scale = cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s
     t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + shape.moe_floor_s
-         + shape.moe_token_s * prefill_tokens
+         + shape.moe_token_s * (prefill_tokens + (cal.moe_decode_token_scale - 1.0) * b * tokens_per_seq)
          + cal.per_seq_s * seqs
          + cal.per_token_s * bw_scale / shape.tp * tokens
          + cal.sample_sort_s * shape.sort_vocab / 1e5 * bw_scale * seqs)
