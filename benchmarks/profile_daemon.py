@@ -80,6 +80,11 @@ def main() -> int:
     done = 0
 
     def tick(measuring: bool) -> None:
+        """One target's step done: every `per_second` of them, the collector's turn."""
+        nonlocal done
+        done += 1
+        if done % per_second:
+            return
         a = time.perf_counter()
         d._gc_maintenance()
         if measuring:
@@ -101,9 +106,7 @@ def main() -> int:
             if measuring:
                 spent["parse"] += b - a
                 spent["observe"] += c - b
-            done += 1
-            if done % per_second == 0:
-                tick(measuring)
+            tick(measuring)
         if k % args.evaluate_every == args.evaluate_every - 1:
             for st, model, pipe in d._due(now):
                 a = time.perf_counter()
@@ -114,9 +117,7 @@ def main() -> int:
                 if measuring:
                     spent["evaluate"] += b - a
                     spent["render"] += c - b
-                done += 1
-                if done % per_second == 0:
-                    tick(measuring)
+                tick(measuring)
         a = time.perf_counter()
         d.publish()
         d.exposition.render_parts()

@@ -69,8 +69,7 @@ FACTORS: tuple[Factor, ...] = (
     Factor("kv_read", ("kv_read_scale",), 0.35, 0.45, 1.15),
     # MoE: how fast the routed-expert reads grow with the batch (`expert_touch_scale`). Measured
     # MoE sweeps grow more evenly with concurrency than independent uniform routing predicts
-    # (docs/model.md). Only fitted from rows at two or more loads (CURVE_FACTORS), and only for
-    # MoE models. Bounds: half the independent draws (lower, a row whose TPOT falls with load -
+    # (docs/model.md). Only fitted for MoE models from rows at two or more loads (CURVE_FACTORS). Bounds: half the independent draws (lower, a row whose TPOT falls with load -
     # the shared gpt-oss c=512 rows - is explained by a flat curve instead of being set aside)
     # to twice (a router more even than chance). Spread 0.4: the shared rows are indifferent
     # between 0.3 and 0.5 and worse at 0.2 and 0.7 (benchmarks/accuracy_calibrated.py)
@@ -83,11 +82,10 @@ FACTORS: tuple[Factor, ...] = (
     Factor("moe_decode_token", ("moe_decode_token_scale",), 1.0, 1.0, 50.0),
 )
 FACTOR_NAMES = tuple(f.name for f in FACTORS)
-# Factors that shape how TPOT grows with load: rows at one load cannot tell them from the others,
-# so they are fitted only from rows measured at two or more loads (`fit_rows`)
+# The MoE factors that shape how TPOT grows with load: inert for a dense model (not fitted for
+# one, `fit_setup`), and rows at one load cannot tell them from the others (fitted only from rows
+# measured at two or more loads, `fit_rows`)
 CURVE_FACTORS = ("expert_touch", "moe_decode_token")
-# Factors inert for a dense model (not fitted for one)
-MOE_FACTORS = ("expert_touch", "moe_decode_token")
 # Online, the TTFT terms are not identifiable from one operating point and would soak up noise:
 # the daemon fits the step-time factors only.
 ONLINE_FACTORS = ("step_overhead", "bandwidth_efficiency", "compute_efficiency", "per_token")
@@ -672,7 +670,7 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
                      f" with weights {quantization or '16-bit'}; the a-priori model is used")
         return fit_rows(prior, []), notes
 
-    names = FACTOR_NAMES if shape.n_experts else tuple(n for n in FACTOR_NAMES if n not in MOE_FACTORS)
+    names = FACTOR_NAMES if shape.n_experts else tuple(n for n in FACTOR_NAMES if n not in CURVE_FACTORS)
     fit = fit_rows(prior, _points(setup, used), names)
     if fit.outliers:
         notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "

@@ -77,13 +77,14 @@ def test_kv_read_factor_finds_a_kv_cache_half_the_predicted_bytes():
         assert err < 0.03 and err <= err0
 
 
-@pytest.mark.parametrize("factor, field, value, loads", [
-    ("expert_touch", "expert_touch_scale", 0.6, (4, 64)),            # a batch's tokens share experts
+@pytest.mark.parametrize("factor, field, value, loads, between", [
+    # a batch's tokens share experts
+    ("expert_touch", "expert_touch_scale", 0.6, (4, 64), (8, 16, 32)),
     # routing work per decode token: TPOT 2.2x the prior's at c=256 (FP8 MoE on B200 grows like
     # this above c=128); a weaker effect is absorbed by the bandwidth share, and the prior holds
-    ("moe_decode_token", "moe_decode_token_scale", 20.0, (4, 256)),
+    ("moe_decode_token", "moe_decode_token_scale", 20.0, (4, 256), (16, 32, 64, 128)),
 ])
-def test_moe_curve_factors_are_fitted_from_two_loads_of_an_moe_sweep(factor, field, value, loads):
+def test_moe_curve_factors_are_fitted_from_two_loads_of_an_moe_sweep(factor, field, value, loads, between):
     """An MoE server whose TPOT grows with load unlike the a-priori curve: its batches share
     experts (fewer expert weights read at mid loads than independent routing predicts), or each
     decode token pays routing work. From the lowest and highest level the factor moves toward the
@@ -101,7 +102,7 @@ def test_moe_curve_factors_are_fitted_from_two_loads_of_an_moe_sweep(factor, fie
     moved = math.log(getattr(fit.calibration, field) / getattr(prior, field))
     assert moved * math.log(value) > 0 and abs(moved) >= 0.3 * abs(math.log(value))
     errs, errs0 = [], []
-    for c in (8, 16, 32) if loads[1] == 64 else (16, 32, 64, 128):
+    for c in between:
         want = predict(setup, t, concurrency=c, calibration=truth).tpot_s
         errs.append(abs(predict(setup, t, concurrency=c, calibration=fit.calibration).tpot_s - want) / want)
         errs0.append(abs(predict(setup, t, concurrency=c, calibration=without.calibration).tpot_s - want) / want)
