@@ -14,9 +14,9 @@ for the whole picture.
 
 usage: .venv/bin/python benchmarks/profile_daemon.py [--targets 500] [--cycles 12] [--warm 8]
        [--capture ../shared/fixtures/prom/vllm-0.10.1-v1-ngc2509-qwen3-4b.prom] [--profile FILE]
-       [--evaluate-every 2] [--gpu L4]
-`--evaluate-every 1 --gpu ""` is the outside scale check's load (an evaluation per scrape, a
-capture that names no GPU: no online calibration). Machines this size vary by +-20 % between
+       [--evaluate-every 2] [--gpu L4] [--window 600]
+`--evaluate-every 1 --gpu "" --window 60` is the outside scale check's load (an evaluation per
+scrape, a 60 s window, a capture that names no GPU: no online calibration). Machines this size vary by +-20 % between
 runs: compare two code trees by alternating runs in one session, not across sessions.
 """
 from __future__ import annotations
@@ -60,6 +60,8 @@ def main() -> int:
     ap.add_argument("--evaluate-every", type=int, default=2, metavar="K",
                     help="evaluate every K-th scrape cycle (2: evaluation 30 s, scrape 15 s; 1: the "
                          "outside check's evaluation 10 s)")
+    ap.add_argument("--window", type=float, default=600.0,
+                    help="evaluation window in seconds (the outside scale check uses 60)")
     ap.add_argument("--gpu", default="L4", help="GPU hint of every target ('' for none: no online "
                                                  "calibration, as with a capture that names no GPU)")
     args = ap.parse_args()
@@ -69,7 +71,7 @@ def main() -> int:
     scrapes = bodies(Path(args.capture).read_text(), args.warm + args.cycles)
     urls = [f"http://10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000" for i in range(args.targets)]
     d = Daemon(Config(listen="127.0.0.1:0", scrape=ScrapeConfig(interval=15.0, timeout=5.0),
-                      evaluation=EvaluationConfig(interval=30.0, window=600.0),
+                      evaluation=EvaluationConfig(interval=30.0, window=args.window),
                       targets=[TargetSpec(url=u, gpu=args.gpu or None) for u in urls]))
     for u in urls:
         d.targets[u] = TargetState(d.discovery.targets()[u])
