@@ -33,6 +33,8 @@ import gzip
 import threading
 import time
 import zlib
+from array import array
+from math import copysign
 from typing import Callable
 
 import numpy as np
@@ -69,9 +71,10 @@ class CachedExposition(Exposition):
     """`Exposition` with per-target render caching and a cached gzip body."""
 
     def __init__(self, *, compress_min_bytes: int = 256 * 1024) -> None:
-        # target -> (reports key, lines): its text per report family when it was rendered since
-        # the last publish, else its position among the targets of the last publish's family texts
-        self._blocks: dict[str, tuple[tuple, dict[str, bytes] | int]] = {}
+        # target -> (reports key, lines, signatures): its text per report family when it was
+        # rendered since the last publish, else its position among the targets of the last
+        # publish's family texts; a hash of each family's samples (0: none), by family index
+        self._blocks: dict[str, tuple[tuple, dict[str, bytes] | int, array]] = {}
         # report family -> (every target's lines of it, joined in the last publish's target
         # order; where each position's lines start, then the end)
         self._joined: dict[str, tuple[bytes, np.ndarray]] = {}
@@ -81,7 +84,8 @@ class CachedExposition(Exposition):
         self._gz_lock = threading.Lock()
         self._gz_thread: threading.Thread | None = None
         self.compress_min_bytes = compress_min_bytes
-        self.rendered_targets = 0                  # report blocks rendered since start (a counter)
+        self.rendered_targets = 0                  # targets' reports rendered since start (a counter)
+        self.rendered_families = 0                 # of their families, those written anew (not reused)
         self._live_cache: tuple[float, bytes, bytes] | None = None
         self._gzip_wanted_at: float | None = None    # monotonic time of the last gzip request
         super().__init__()
@@ -112,31 +116,58 @@ class CachedExposition(Exposition):
             pass                # publish falls back to a full render
 
     def _block(self, t: TargetView, hit):
+        """(key, lines, signatures) of one target: `hit`, its block before, while its reports are
+        the same objects; else its report families' lines rendered again, except a family whose
+        samples are those it had before (same signature: a hash of its label values and values),
+        whose lines are taken as they were. Settings, statuses, predictions and SLOs rarely move
+        between two evaluations; scores move with the traffic."""
         key = (t.reports, t.vllm_version, t.source)
         if hit is not None and hit[0][1:] == key[1:] and _same(hit[0][0], t.reports):
             return hit
         lines: dict[str, bytes] = {}
+        sigs = array("q", _NO_SIGNATURES)
         if t.reports:
             # the lines of the report families (collector.REPORT_FAMILIES), straight from the
             # reports: what FleetCollector.reports + Renderer.parts write, without building
             # prometheus_client families only to format them
-            by_family: dict[int, list[str]] = {}
+            by_family: dict[int, list[tuple]] = {}
             for r in t.reports:
                 for i, values, value in report_samples(r):
-                    text = _report_line(i, values, value)
+                    # 0.0 and -0.0 hash alike but are written apart: a zero carries its sign
+                    sample = (values, value) if value else (values, value, copysign(1.0, value))
                     got = by_family.get(i)
                     if got is None:
-                        by_family[i] = [text]
+                        by_family[i] = [sample]
                     else:
-                        got.append(text)
+                        got.append(sample)
+            before = hit[2] if hit is not None else None
             for i in sorted(by_family):
-                lines[REPORT_FAMILIES[i][0]] = "".join(by_family[i]).encode()
+                samples = by_family[i]
+                sig = sigs[i] = hash(tuple(samples)) or 1      # 0: no lines in this family
+                name = REPORT_FAMILIES[i][0]
+                text = self._lines_before(hit, name) if before is not None and before[i] == sig else None
+                if not text:
+                    text = "".join([_report_line(i, sample[0], sample[1]) for sample in samples]).encode()
+                    self.rendered_families += 1
+                lines[name] = text
             self.rendered_targets += 1
-        return (key, lines)
+        return (key, lines, sigs)
+
+    def _lines_before(self, hit, name: str) -> bytes | None:
+        """A target's lines of one report family in its block `hit`: its own text when rendered
+        since the last publish, else a copy of its slice of that publish's family text."""
+        src = hit[1]
+        if type(src) is not int:
+            return src.get(name)
+        got = self._joined.get(name)
+        if got is None or src + 1 >= len(got[1]):
+            return None
+        text, offs = got
+        return text[int(offs[src]):int(offs[src + 1])]
 
     def _assemble(self, view: FleetView) -> tuple[bytes, ...]:
         old, joined = self._blocks, self._joined
-        blocks: dict[str, tuple[tuple, int]] = {}
+        blocks: dict[str, tuple[tuple, int, array]] = {}
         # the targets in body order as runs: (old start, old end, new start) of targets whose
         # lines lie one after the other in the last publish's texts, or (their lines, new start)
         # of targets rendered since
@@ -144,8 +175,8 @@ class CachedExposition(Exposition):
         start = end = first = -1
         fresh: list[dict[str, bytes]] = []
         for pos, t in enumerate(view.targets):
-            key, src = self._block(t, old.get(t.target))
-            blocks[t.target] = (key, pos)
+            key, src, sigs = self._block(t, old.get(t.target))
+            blocks[t.target] = (key, pos, sigs)
             if type(src) is int:
                 if src == end and not fresh:
                     end += 1
@@ -271,6 +302,7 @@ class CachedExposition(Exposition):
 
 
 _REPORT_NAMES = tuple(name for name, _doc, _typ, _labels in REPORT_FAMILIES)
+_NO_SIGNATURES = bytes(8 * len(REPORT_FAMILIES))
 
 
 def _join(name: str, runs: list[tuple], before: tuple[bytes, np.ndarray] | None, n: int) -> tuple[bytes, np.ndarray]:

@@ -127,6 +127,36 @@ def test_body_stays_the_full_render_through_churn_and_spread_evaluations(capture
         assert fleet_body(expo) == full_render(view), f"step {step}"
 
 
+def test_a_re_evaluation_writes_only_the_report_families_whose_samples_changed(captures):
+    """A new evaluation whose samples are those of the one before (a steady server) writes no
+    line anew; one whose KV pressure score moved writes that one family; a score that flips to
+    -0.0 is written as such. Every body is the full render."""
+    views, _ = evaluated_fleet(captures)
+    view = next(v for v in views if v.reports and v.reports[0].kv_pressure_score is not None)
+    others = [v for v in views if v is not view]
+    expo = CachedExposition()
+    expo.publish(fleet_view(views))
+    written = expo.rendered_families
+
+    def publish(reports):
+        v = dataclasses.replace(view, reports=reports)
+        expo.prerender(v)                               # as the daemon does after an evaluation
+        shown = fleet_view(sorted(others + [v], key=lambda t: t.target))
+        expo.publish(shown)
+        assert fleet_body(expo) == full_render(shown)
+
+    same = tuple(dataclasses.replace(r) for r in view.reports)      # new objects, same samples
+    publish(same)
+    assert expo.rendered_families == written
+    moved = (dataclasses.replace(same[0], kv_pressure_score=same[0].kv_pressure_score + 0.125),) + same[1:]
+    publish(moved)
+    assert expo.rendered_families == written + 1
+    publish((dataclasses.replace(same[0], kv_pressure_score=0.0),) + same[1:])
+    publish((dataclasses.replace(same[0], kv_pressure_score=-0.0),) + same[1:])    # hashes as 0.0 does
+    assert b"vllm_drift_kv_pressure_score{" in fleet_body(expo) and b"} -0.0\n" in fleet_body(expo)
+    assert expo.rendered_families == written + 3
+
+
 def test_large_body_is_gzipped_once_in_the_background(captures):
     views, _ = evaluated_fleet(captures, copies=12)
     expo = CachedExposition(compress_min_bytes=1024)
