@@ -8,7 +8,9 @@ evaluated, so:
 
 * per target, the report families (`collector.REPORT_FAMILIES`) are rendered once per new set
   of `ModelReport`s (the reports are immutable; a new tuple means a new evaluation), straight
-  from `collector.report_samples` to text, and kept as text per family;
+  from `collector.report_samples` to text, and kept as text per family; a family whose samples
+  hash as they did at the target's evaluation before keeps the lines it had (most settings,
+  statuses and predictions do not move from one evaluation to the next);
 * the scrape-state families (`up`, durations, errors, info; a few samples per target) and the
   fleet-level ones are rendered on every publish from a view without reports (cheap);
 * the body is a tuple of parts in family order (the text format wants a family's samples
