@@ -16,8 +16,9 @@ usage: .venv/bin/python benchmarks/profile_daemon.py [--targets 500] [--cycles 1
        [--capture ../shared/fixtures/prom/vllm-0.10.1-v1-ngc2509-qwen3-4b.prom] [--profile FILE]
        [--evaluate-every 2] [--gpu L4] [--window 600]
 `--evaluate-every 1 --gpu "" --window 60` is the outside scale check's load (an evaluation per
-scrape, a 60 s window, a capture that names no GPU: no online calibration). Machines this size vary by +-20 % between
-runs: compare two code trees by alternating runs in one session, not across sessions.
+scrape, a 60 s window, a capture that names no GPU: no online calibration). Machines this size
+vary by +-20 % between runs: compare two code trees by alternating runs in one session, not
+across sessions.
 """
 from __future__ import annotations
 

@@ -170,38 +170,25 @@ class CachedExposition(Exposition):
     def _assemble(self, view: FleetView) -> tuple[bytes, ...]:
         old, joined = self._blocks, self._joined
         blocks: dict[str, tuple[tuple, int, array]] = {}
-        # the targets in body order as runs: (old start, old end, new start) of targets whose
-        # lines lie one after the other in the last publish's texts, or (their lines, new start)
+        # the targets in body order as runs: [old start, old end, new start] of targets whose
+        # lines lie one after the other in the last publish's texts, or [their lines, new start]
         # of targets rendered since
-        runs: list[tuple] = []
-        start = end = first = -1
-        fresh: list[dict[str, bytes]] = []
+        runs: list[list] = []
         for pos, t in enumerate(view.targets):
             key, src, sigs = self._block(t, old.get(t.target))
             blocks[t.target] = (key, pos, sigs)
+            last = runs[-1] if runs else None
             if type(src) is int:
-                if src == end and not fresh:
-                    end += 1
-                    continue
-                if fresh:
-                    runs.append((fresh, first))
-                    fresh = []
-                elif start >= 0:
-                    runs.append((start, end, first))
-                start, end, first = src, src + 1, pos
+                if last is not None and len(last) == 3 and last[1] == src:
+                    last[1] += 1
+                else:
+                    runs.append([src, src + 1, pos])
+            elif last is not None and len(last) == 2:
+                last[0].append(src)
             else:
-                if not fresh:
-                    if start >= 0:
-                        runs.append((start, end, first))
-                        start = end = -1
-                    first = pos
-                fresh.append(src)
-        if fresh:
-            runs.append((fresh, first))
-        elif start >= 0:
-            runs.append((start, end, first))
+                runs.append([[src], pos])
         n = len(view.targets)
-        same = n == len(old) and runs == [(0, n, 0)]
+        same = n == len(old) and runs == [[0, n, 0]]
         texts = joined if same else {name: _join(name, runs, joined.get(name), n) for name in _REPORT_NAMES}
         renderer = self._renderer
         # scrape state and fleet-level families: every target, its report families left empty
@@ -307,7 +294,7 @@ _REPORT_NAMES = tuple(name for name, _doc, _typ, _labels in REPORT_FAMILIES)
 _NO_SIGNATURES = bytes(8 * len(REPORT_FAMILIES))
 
 
-def _join(name: str, runs: list[tuple], before: tuple[bytes, np.ndarray] | None, n: int) -> tuple[bytes, np.ndarray]:
+def _join(name: str, runs: list[list], before: tuple[bytes, np.ndarray] | None, n: int) -> tuple[bytes, np.ndarray]:
     """One report family's text over the targets of `runs` (`CachedExposition._assemble`) and
     where each target's lines start in it: unchanged targets' lines sliced from the text
     `before` (one slice per run), rendered ones as they are."""

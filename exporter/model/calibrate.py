@@ -69,7 +69,8 @@ FACTORS: tuple[Factor, ...] = (
     Factor("kv_read", ("kv_read_scale",), 0.35, 0.45, 1.15),
     # MoE: how fast the routed-expert reads grow with the batch (`expert_touch_scale`). Measured
     # MoE sweeps grow more evenly with concurrency than independent uniform routing predicts
-    # (docs/model.md). Only fitted for MoE models from rows at two or more loads (CURVE_FACTORS). Bounds: half the independent draws (lower, a row whose TPOT falls with load -
+    # (docs/model.md). Only fitted for MoE models from rows at two or more loads (CURVE_FACTORS).
+    # Bounds: half the independent draws (lower, a row whose TPOT falls with load -
     # the shared gpt-oss c=512 rows - is explained by a flat curve instead of being set aside)
     # to twice (a router more even than chance). Spread 0.4: the shared rows are indifferent
     # between 0.3 and 0.5 and worse at 0.2 and 0.7 (benchmarks/accuracy_calibrated.py)
