@@ -14,9 +14,10 @@ for the whole picture.
 
 usage: .venv/bin/python benchmarks/profile_daemon.py [--targets 500] [--cycles 12] [--warm 8]
        [--capture ../shared/fixtures/prom/vllm-0.10.1-v1-ngc2509-qwen3-4b.prom] [--profile FILE]
-       [--evaluate-every 2] [--gpu L4] [--window 600]
-`--evaluate-every 1 --gpu "" --window 60` is the outside scale check's load (an evaluation per
-scrape, a 60 s window, a capture that names no GPU: no online calibration). Machines this size
+       [--evaluate-every 2] [--gpu L4] [--window 600] [--static]
+`--evaluate-every 1 --gpu "" --window 60 --static` is the outside scale check's load (an
+evaluation per scrape, a 60 s window, a capture that names no GPU: no online calibration, served
+unchanged on every scrape: a steady server whose evaluations keep their samples). Machines this size
 vary by +-20 % between runs: compare two code trees by alternating runs in one session, not
 across sessions.
 """
@@ -65,11 +66,14 @@ def main() -> int:
                     help="evaluation window in seconds (the outside scale check uses 60)")
     ap.add_argument("--gpu", default="L4", help="GPU hint of every target ('' for none: no online "
                                                  "calibration, as with a capture that names no GPU)")
+    ap.add_argument("--static", action="store_true",
+                    help="serve the capture unchanged on every scrape (the outside check's targets)")
     args = ap.parse_args()
     if not Path(args.capture).is_file():
         print(f"capture not found: {args.capture}", file=sys.stderr)
         return 2
-    scrapes = bodies(Path(args.capture).read_text(), args.warm + args.cycles)
+    text = Path(args.capture).read_text()
+    scrapes = [text.encode()] * (args.warm + args.cycles) if args.static else bodies(text, args.warm + args.cycles)
     urls = [f"http://10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000" for i in range(args.targets)]
     d = Daemon(Config(listen="127.0.0.1:0", scrape=ScrapeConfig(interval=15.0, timeout=5.0),
                       evaluation=EvaluationConfig(interval=30.0, window=args.window),

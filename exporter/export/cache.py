@@ -142,17 +142,25 @@ class CachedExposition(Exposition):
                         by_family[i] = [sample]
                     else:
                         got.append(sample)
+            order = sorted(by_family)
+            for i in order:
+                sigs[i] = hash(tuple(by_family[i])) or 1       # 0: no lines in this family
+            self.rendered_targets += 1
             before = hit[2] if hit is not None else None
-            for i in sorted(by_family):
-                samples = by_family[i]
-                sig = sigs[i] = hash(tuple(samples)) or 1      # 0: no lines in this family
+            if before is not None and sigs == before:
+                # every family as before: the lines stay where they are (in the last publish's
+                # texts, or rendered since), and a publish whose targets all stayed keeps the
+                # family texts as they are instead of joining them again
+                return (key, hit[1], sigs)
+            for i in order:
                 name = REPORT_FAMILIES[i][0]
-                text = self._lines_before(hit, name) if before is not None and before[i] == sig else None
+                text = self._lines_before(hit, name) if before is not None and before[i] == sigs[i] else None
                 if not text:
-                    text = "".join([_report_line(i, sample[0], sample[1]) for sample in samples]).encode()
+                    text = "".join([_report_line(i, s[0], s[1]) for s in by_family[i]]).encode()
                     self.rendered_families += 1
                 lines[name] = text
-            self.rendered_targets += 1
+        elif hit is not None and hit[2] == sigs:
+            return (key, hit[1], sigs)                     # no lines before, none now
         return (key, lines, sigs)
 
     def _lines_before(self, hit, name: str) -> bytes | None:

@@ -146,8 +146,13 @@ def test_a_re_evaluation_writes_only_the_report_families_whose_samples_changed(c
         assert fleet_body(expo) == full_render(shown)
 
     same = tuple(dataclasses.replace(r) for r in view.reports)      # new objects, same samples
+    texts = {id(p) for p in expo.body}
     publish(same)
     assert expo.rendered_families == written
+    # and the publish keeps every family's text as it was (the same objects: nothing joined
+    # again) while the next evaluation moved nothing
+    report_texts = [p for p in expo.body if not p.startswith(b"# ")]     # the rest: headers + scrape state
+    assert report_texts and all(id(p) in texts for p in report_texts)
     moved = (dataclasses.replace(same[0], kv_pressure_score=same[0].kv_pressure_score + 0.125),) + same[1:]
     publish(moved)
     assert expo.rendered_families == written + 1
