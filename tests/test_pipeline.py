@@ -124,6 +124,20 @@ def test_unknown_gpu_is_named_with_the_way_to_give_it():
     assert not any(x.finding == "unavailable" for x in last.findings)    # a status, not a finding
 
 
+def test_a_whole_windows_confidence_does_not_move_with_the_scrape_times():
+    """Confidence grows while the window fills; once it is whole it is 1 at every evaluation,
+    although the span its baselines cover moves with where the evaluation falls between scrapes
+    (a finding's gauge must not flicker, nor its family be written anew every evaluation)."""
+    f = Feed("kv-pressure")                     # window 60 s, scrapes every 2 s, evaluations every 5 s
+    reports = f.advance(150)
+    conf = [(r.evaluated_at - 1.7e9, next((x.confidence for x in r.findings if x.finding == "kv_pressure"), None))
+            for r in reports]
+    filling = [c for t, c in conf if t < 50 and c is not None]
+    whole = [c for t, c in conf if t >= 62]
+    assert filling and filling == sorted(filling) and filling[-1] < 1
+    assert whole and all(c == 1.0 for c in whole)
+
+
 def test_short_window_is_insufficient_data_and_reset_restarts_it():
     f = Feed("kv-pressure")
     first = f.advance(10)

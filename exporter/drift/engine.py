@@ -297,7 +297,10 @@ CONFIG_PROVEN = {"hint_mismatch": 0.8}
 
 
 def _confidence(x: DriftInput, f: Finding, window_s: float) -> float:
-    fill = clamp(x.covered_s / window_s) if window_s > 0 else 0.0
+    # how full the window is: how long it has been filling, not the span of what it holds now
+    # (a whole window's span moves between 7/8 of it and all of it with the scrape times and the
+    # baselines it keeps; the confidence of a steady server's findings must not move with them)
+    fill = clamp(max(x.covered_s, x.history_s) / window_s) if window_s > 0 else 0.0
     if f.finding in CONFIG_PROVEN:
         return CONFIG_PROVEN[f.finding]
     if f.finding == "gpu_memory_utilization" and f.binding == "oom_risk":

@@ -65,6 +65,7 @@ class DriftInput:
     # -- the window
     window_s: float = 600.0
     covered_s: float = 0.0                       # seconds of data the window holds
+    history_s: float = 0.0                       # seconds it has been filling (since creation or a reset)
     samples: int = 0
     reset: bool = False                          # a counter reset happened inside the window
 

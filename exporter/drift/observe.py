@@ -169,6 +169,7 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         vllm_version=read_version(metadata.vllm_version if metadata else None),
         window_s=float(getattr(window, "duration", window_s) if window is not None else window_s),
         covered_s=finite_float(getattr(obs, "duration_s", 0.0)) or 0.0, samples=int(getattr(obs, "samples", 0) or 0),
+        history_s=finite_float(getattr(obs, "history_s", 0.0)) or 0.0,
         reset=bool(getattr(obs, "reset", False)),
         arrival_rps=finite_float(getattr(obs, "requests_per_s", None)),
         prompt_tps=finite_float(getattr(obs, "prompt_tokens_per_s", None)),

@@ -62,6 +62,9 @@ class Observed:
     duration_s: float                  # newest - oldest snapshot time
     reset: bool                        # a restart (counter reset) lies inside the window
     resets: int                        # restarts seen since this window was created
+    # newest snapshot time - the first one since the window was made or last reset: how long the
+    # window has been filling (it is whole from `duration` on, whatever its span does after)
+    history_s: float = 0.0
     # arrival and throughput
     requests_per_s: float | None = None          # finished requests (all reasons)
     prompt_tokens_per_s: float | None = None
@@ -109,7 +112,7 @@ class Window:
 
     __slots__ = ("duration", "max_samples", "keep_every", "_ring", "_head", "_size", "_seq",
                  "_sums", "_counts", "_maxq", "_last", "_last_keeper", "_reset_at", "resets",
-                 "_max_running_seen")
+                 "_max_running_seen", "_since")
 
     def __init__(self, duration: float, max_samples: int = 256, keep_every: float | None = None) -> None:
         if duration <= 0 or max_samples < 2:
@@ -131,6 +134,7 @@ class Window:
         self._reset_at: float | None = None
         self.resets = 0
         self._max_running_seen: float | None = None
+        self._since: float | None = None    # the first snapshot's time since creation or a reset
 
     def __len__(self) -> int:
         return self._size
@@ -160,6 +164,8 @@ class Window:
                 self._reset_at = snap.timestamp
         if self._size == self.max_samples:
             self._evict_oldest()
+        if self._since is None:
+            self._since = snap.timestamp
         self._push(snap)
         self._last = snap
         self._evict_before(snap.timestamp - self.duration)
@@ -219,6 +225,7 @@ class Window:
         self._size -= 1
         if self._size == 0:
             self._zero_stats()
+            self._since = None          # drained (a long outage): it fills again from the next one
 
     def _evict_before(self, cutoff: float) -> None:
         while self._size and self._ring[self._head][0] < cutoff:  # type: ignore[index]
@@ -236,6 +243,7 @@ class Window:
             self._evict_oldest()
         self._max_running_seen = None
         self._last_keeper = None
+        self._since = None
 
     # ------------------------------------------------------------------ reading
     def summary(self, now: float, hists: dict | None = None) -> Observed:
@@ -271,7 +279,8 @@ class Window:
         base = dict(target=target, model_name=model, now=now, samples=self._size, duration_s=dt,
                     reset=reset, resets=self.resets, kv_usage_mean=kv[0], kv_usage_max=kv[1],
                     running_mean=running[0], running_max=running[1], waiting_mean=waiting[0],
-                    waiting_max=waiting[1], max_running_seen=self._max_running_seen)
+                    waiting_max=waiting[1], max_running_seen=self._max_running_seen,
+                    history_s=newest.timestamp - self._since if self._since is not None else dt)
         if dt <= 0:
             return Observed(**base)
         return Observed(**base, **_deltas(first, newest, dt, hists))

@@ -292,3 +292,29 @@ def test_gauges_only_snapshots_are_not_rate_baselines():
     o = w.summary(45.0)
     assert o.prompt_tokens_per_s == pytest.approx(1200 / 30)
     assert o.running_mean == pytest.approx(5.0) and o.samples == 3
+
+
+def test_history_is_how_long_the_window_has_filled_not_its_span():
+    """`history_s` grows from the first snapshot until the window is whole and then stays past
+    its length, while the span (`duration_s`) moves with the scrape times; a reset or a drained
+    window starts it afresh."""
+    w = Window(60)
+    ts = [0.0, 16.0, 29.5, 46.0, 61.5, 75.0, 92.0, 104.0]     # scrapes ~15 s apart, jittered
+    spans, histories = [], []
+    for i, t in enumerate(ts):
+        w.observe(snap(t, prompt=100 * i, gen=10 * i, finished={"stop": i}, ttft=(i, i, i, i)))
+        o = w.summary(t + 7.0)                                  # evaluated between two scrapes
+        spans.append(o.duration_s)
+        histories.append(o.history_s)
+    assert histories == ts                                      # since the first snapshot
+    assert len(set(spans[4:])) > 1 and max(spans[4:]) < 60      # the whole window's span jitters
+    # a counter reset: the window fills again from the restart
+    w.observe(snap(120.0, prompt=5, gen=1, finished={"stop": 1}, ttft=(1, 1, 1, 1)))
+    assert w.summary(120.0).history_s == 0.0
+    w.observe(snap(135.0, prompt=50, gen=5, finished={"stop": 2}, ttft=(2, 2, 2, 2)))
+    assert w.summary(135.0).history_s == 15.0
+    # drained by a long outage: the next snapshot starts it afresh
+    w.summary(400.0)
+    assert len(w) == 0
+    w.observe(snap(410.0, prompt=60, gen=6, finished={"stop": 3}, ttft=(3, 3, 3, 3)))
+    assert w.summary(410.0).history_s == 0.0
