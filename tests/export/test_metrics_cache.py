@@ -127,6 +127,50 @@ def test_body_stays_the_full_render_through_churn_and_spread_evaluations(capture
         assert fleet_body(expo) == full_render(view), f"step {step}"
 
 
+def test_a_publish_of_the_same_targets_splices_only_the_families_that_changed(captures):
+    """The same targets in the same order (most publishes): each report family's text is the one
+    before with the changed targets' lines put in; a family nobody's lines changed in is kept as
+    the same object. Scores moving, reports vanishing and coming back, targets evaluated twice
+    between publishes: every body is byte for byte the full render."""
+    import random
+    views, _ = evaluated_fleet(captures, copies=2)
+    rng = random.Random(11)
+    expo = CachedExposition()
+    original = {v.target: v for v in views}
+    current = dict(original)
+    order = [v.target for v in views]
+    expo.publish(fleet_view(views))
+    for step in range(30):
+        for target in rng.sample(order, k=rng.randint(1, 4)):
+            v, choice = current[target], rng.random()
+            if choice < 0.2:
+                v = dataclasses.replace(v, reports=())                 # its lines go
+            elif choice < 0.4:
+                v = original[target]                                   # and come back
+            elif v.reports and v.reports[0].kv_pressure_score is not None:
+                r = dataclasses.replace(v.reports[0], kv_pressure_score=rng.choice([0.0, -0.0, 0.25, rng.random()]))
+                v = dataclasses.replace(v, reports=(r,) + v.reports[1:])
+            else:
+                v = dataclasses.replace(v, reports=tuple(dataclasses.replace(r) for r in v.reports))
+            current[target] = v
+            if rng.random() < 0.5:
+                expo.prerender(v)                                       # maybe twice before a publish
+        view = fleet_view([current[t] for t in order])
+        expo.publish(view)
+        assert fleet_body(expo) == full_render(view), f"step {step}"
+
+    # one target's KV pressure score moves: that family's text alone is new
+    target = next(t for t in order if current[t].reports and current[t].reports[0].kv_pressure_score is not None)
+    texts = {id(p): p for p in expo.body if not p.startswith(b"# ")}
+    r = dataclasses.replace(current[target].reports[0], kv_pressure_score=0.5)
+    current[target] = dataclasses.replace(current[target], reports=(r,) + current[target].reports[1:])
+    view = fleet_view([current[t] for t in order])
+    expo.publish(view)
+    assert fleet_body(expo) == full_render(view)
+    new = [p for p in expo.body if not p.startswith(b"# ") and id(p) not in texts]
+    assert len(new) == 1 and new[0].startswith(b"vllm_drift_kv_pressure_score{")
+
+
 def test_a_re_evaluation_writes_only_the_report_families_whose_samples_changed(captures):
     """A new evaluation whose samples are those of the one before (a steady server) writes no
     line anew; one whose KV pressure score moved writes that one family; a score that flips to
