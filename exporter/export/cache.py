@@ -46,7 +46,8 @@ import numpy as np
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from exporter.export.collector import REPORT_FAMILIES, Exposition, FleetView, TargetView, report_samples
+from exporter.export.collector import (REPORT_FAMILIES, TARGET_FAMILIES, Exposition, FleetView, TargetView,
+                                       report_samples, target_samples)
 from exporter.export.render import coalesced, escaped, go_float, head_template
 
 __all__ = ["CachedExposition", "CapsCollector"]
@@ -61,6 +62,31 @@ def _report_head(name: str, labels: tuple[str, ...]):
 
 # per report family: its head as a %-template and the escaped label values it is filled with
 _REPORT_HEADS = tuple(_report_head(name, labels) for name, _doc, _typ, labels in REPORT_FAMILIES)
+
+
+# per target scrape-state family: its head template and filler, by the name its samples (and the
+# renderer's parts) carry
+_TARGET_NAMES = tuple(name + "_total" if typ == "counter" else name for name, _doc, typ, _labels in TARGET_FAMILIES)
+_TARGET_HEADS = tuple(_report_head(sample, labels) for sample, (_n, _d, _t, labels) in zip(_TARGET_NAMES, TARGET_FAMILIES))
+
+
+def _target_shows(t: TargetView) -> tuple:
+    """What each of a target's TARGET_FAMILIES shows (`_target_lines` writes a family again when
+    its part changed)."""
+    return (t.up, t.scrape_duration_s, t.last_success, (t.vllm_version, t.models), t.errors)
+
+
+def _target_lines(t: TargetView, shows: tuple, before: tuple | None) -> tuple[bytes, ...]:
+    """One target's scrape-state lines per TARGET_FAMILIES, as `Renderer.parts` writes them:
+    those of `before` ((what they showed, its lines)) where their part of `shows` is the same (a
+    scrape moves the duration and the last success, rarely the rest)."""
+    fresh = [True] * len(TARGET_FAMILIES) if before is None else [a != b for a, b in zip(shows, before[0])]
+    out: list[list[str]] = [[] for _ in TARGET_FAMILIES]
+    for i, values, value in target_samples(t):
+        if fresh[i]:
+            template, fill = _TARGET_HEADS[i]
+            out[i].append(f"{template % fill(values)}{go_float(value)}\n")
+    return tuple("".join(out[i]).encode() if fresh[i] else before[1][i] for i in range(len(TARGET_FAMILIES)))
 
 
 def _report_line(i: int, values: tuple[str, ...], value: float) -> str:
@@ -84,6 +110,11 @@ class CachedExposition(Exposition):
         self._joined: dict[str, tuple[bytes, np.ndarray]] = {}
         self._current: tuple[int, tuple[bytes, ...]] = (0, ())   # (publishes so far, the body)
         self._published = 0                        # targets in the last publish's family texts
+        # scrape state: target -> (what its lines show, its lines per TARGET_FAMILIES); the
+        # targets of the last publish in order, and each family's lines of them all
+        self._states: dict[str, tuple[tuple, tuple[bytes, ...]]] = {}
+        self._state_order: list[str] = []
+        self._state_texts: dict[str, bytes] = {}
         self._replaced_at = 0.0                     # monotonic time the body replaced the one before it
         self._gz: tuple[int, bytes] | None = None   # (publish number of the body it compresses, gzip bytes)
         self._gz_lock = threading.Lock()
@@ -198,9 +229,22 @@ class CachedExposition(Exposition):
         in_place = n == self._published and len(joined) == len(_REPORT_NAMES)
         srcs: list = []
         fresh: list[tuple[int, tuple]] = []
+        # scrape state: a target's lines are written again when what they show changed (every
+        # scrape moves its duration; an evaluation's publish finds them all as they were)
+        old_states, states, order, state_lines = self._states, {}, [], []
+        restated = False
         for pos, t in enumerate(view.targets):
-            key, src, sigs = self._block(t, old.get(t.target))
-            blocks[t.target] = (key, pos, sigs)
+            url = t.target
+            shown = _target_shows(t)
+            st = old_states.get(url)
+            if st is None or st[0] != shown:
+                st = (shown, _target_lines(t, shown, st))
+                restated = True
+            states[url] = st
+            order.append(url)
+            state_lines.append(st[1])
+            key, src, sigs = self._block(t, old.get(url))
+            blocks[url] = (key, pos, sigs)
             srcs.append(src)
             if type(src) is int:
                 in_place = in_place and src == pos
@@ -235,10 +279,15 @@ class CachedExposition(Exposition):
                 else:
                     runs.append([[self._whole(src)], pos])
             texts = {name: _join(name, runs, joined.get(name), n) for name in _REPORT_NAMES}
+        if restated or order != self._state_order:
+            state_texts = {name: b"".join([lines[k] for lines in state_lines]) for k, name in enumerate(_TARGET_NAMES)}
+        else:
+            state_texts = self._state_texts
         renderer = self._renderer
-        # scrape state and fleet-level families: every target, its report families left empty
+        # the fleet-level families, and the headers of the per-target ones (left empty: their
+        # lines are the texts above)
         self.collector.view = view
-        self.collector.with_reports = False
+        self.collector.per_target = False
         out: list[bytes] = []
         try:
             for name, header, text in renderer.parts(self.registry.collect()):
@@ -246,9 +295,12 @@ class CachedExposition(Exposition):
                 got = texts.get(name)
                 if got is not None and got[0]:
                     out.append(got[0])
+                elif state_texts.get(name):
+                    out.append(state_texts[name])
         finally:
-            self.collector.with_reports = True
+            self.collector.per_target = True
         self._blocks, self._joined, self._published = blocks, texts, n
+        self._states, self._state_order, self._state_texts = states, order, state_texts
         return tuple(out)
 
     def head_cache(self) -> tuple[int, int]:

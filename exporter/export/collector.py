@@ -58,9 +58,10 @@ _NO_TARGETS = FleetView()
 class FleetCollector(Collector):
     def __init__(self) -> None:
         self.view = FleetView()
-        # False: the report families are yielded empty (`CachedExposition` writes their samples
-        # from its per-target blocks; a view copied without reports cost ~3 us a target)
-        self.with_reports = True
+        # False: the per-target families (TARGET_FAMILIES, REPORT_FAMILIES) are yielded empty
+        # (`CachedExposition` writes their samples from its per-target blocks; a view copied
+        # without reports cost ~3 us a target)
+        self.per_target = True
 
     def collect(self) -> Iterable[Metric]:
         v = self.view
@@ -69,32 +70,20 @@ class FleetCollector(Collector):
         build.add_metric([__version__, buildinfo.revision(), buildinfo.python_version()], {})
         yield build
 
-        up = _g("vllm_drift_target_up", "1 if the last scrape of the target succeeded, else 0.", ["target"])
-        dur = _g("vllm_drift_target_scrape_duration_seconds", "Duration of the last scrape of the target.", ["target"])
-        last_ok = _g("vllm_drift_target_last_success_timestamp_seconds",
-                     "Unix time of the last successful scrape of the target.", ["target"])
-        info = _g("vllm_drift_target_info", "The served model, vLLM version and engine era of a target (always 1).",
-                  ["target", "model_name", "vllm_version", "engine_era"])
-        errs = CounterMetricFamily("vllm_drift_scrape_errors", "Failed scrapes of a target, by reason.",
-                                   labels=["target", "reason"])
+        families = [CounterMetricFamily(name, doc, labels=list(labels)) if typ == "counter" else _g(name, doc, labels)
+                    for name, doc, typ, labels in TARGET_FAMILIES]
         source = _g("vllm_drift_targets", "Targets being watched, by discovery source.", ["source"])
         by_source: dict[str, int] = {}
         for t in v.targets:
             by_source[t.source] = by_source.get(t.source, 0) + 1
-            if t.up is not None:
-                up.add_metric([t.target], 1.0 if t.up else 0.0)
-            if t.scrape_duration_s is not None:
-                dur.add_metric([t.target], t.scrape_duration_s)
-            if t.last_success is not None:
-                last_ok.add_metric([t.target], t.last_success)
-            for model, era in t.models.items():
-                info.add_metric([t.target, model, t.vllm_version or "unknown", era or "unknown"], 1.0)
-            for reason, count in t.errors.items():
-                errs.add_metric([t.target, reason], count)
+            if self.per_target:
+                for i, values, value in target_samples(t):
+                    families[i].add_metric(values, value)
         for name, count in sorted(by_source.items()):
             source.add_metric([name], count)
-        yield from (up, dur, last_ok, info, errs, source)
-        yield from self.reports(v if self.with_reports else _NO_TARGETS)
+        yield from families
+        yield source
+        yield from self.reports(v if self.per_target else _NO_TARGETS)
 
         ev_ts = _g("vllm_drift_last_evaluation_timestamp_seconds", "Unix time the last evaluation finished.")
         ev_dur = _g("vllm_drift_evaluation_duration_seconds", "Duration of the last evaluation of the fleet.")
@@ -150,6 +139,34 @@ class FleetCollector(Collector):
                     else:
                         fam.add_metric(values, value)
         yield from families
+
+
+# (name, HELP, type, label names) of the families of each target's scrape state, in exposition
+# order (a counter's samples are named `<name>_total`)
+TARGET_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("vllm_drift_target_up", "1 if the last scrape of the target succeeded, else 0.", "gauge", ("target",)),
+    ("vllm_drift_target_scrape_duration_seconds", "Duration of the last scrape of the target.", "gauge", ("target",)),
+    ("vllm_drift_target_last_success_timestamp_seconds", "Unix time of the last successful scrape of the target.",
+     "gauge", ("target",)),
+    ("vllm_drift_target_info", "The served model, vLLM version and engine era of a target (always 1).", "gauge",
+     ("target", "model_name", "vllm_version", "engine_era")),
+    ("vllm_drift_scrape_errors", "Failed scrapes of a target, by reason.", "counter", ("target", "reason")),
+)
+
+
+def target_samples(t: TargetView) -> Iterable[tuple[int, tuple[str, ...], float]]:
+    """(index in TARGET_FAMILIES, label values, value) of every sample of one target's scrape
+    state."""
+    if t.up is not None:
+        yield 0, (t.target,), 1.0 if t.up else 0.0
+    if t.scrape_duration_s is not None:
+        yield 1, (t.target,), t.scrape_duration_s
+    if t.last_success is not None:
+        yield 2, (t.target,), t.last_success
+    for model, era in t.models.items():
+        yield 3, (t.target, model, t.vllm_version or "unknown", era or "unknown"), 1.0
+    for reason, count in t.errors.items():
+        yield 4, (t.target, reason), count
 
 
 _TM = ("target", "model_name")

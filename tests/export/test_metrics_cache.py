@@ -81,6 +81,10 @@ def test_cached_body_is_the_full_render_and_only_changed_targets_rerender(captur
     report_parts = [p for p in expo.body if b"vllm_drift_evaluation_status{" in p or b"vllm_drift_finding_score{" in p]
     assert report_parts and all(id(p) in before for p in report_parts)
     assert expo.rendered_targets == reports_rendered
+    # an evaluation's publish with no scrape since: the scrape-state lines are kept as they were
+    up = next(p for p in expo.body if p.startswith(b"vllm_drift_target_up{"))
+    expo.publish(fleet_view(moved))
+    assert next(p for p in expo.body if p.startswith(b"vllm_drift_target_up{")) is up
 
     # one target is re-evaluated: only its reports are rendered again
     (url, model), pipe = next(iter(pipes.items()))
@@ -152,6 +156,10 @@ def test_a_publish_of_the_same_targets_splices_only_the_families_that_changed(ca
                 v = dataclasses.replace(v, reports=(r,) + v.reports[1:])
             else:
                 v = dataclasses.replace(v, reports=tuple(dataclasses.replace(r) for r in v.reports))
+            if rng.random() < 0.3:                                      # its scrape state moves too
+                v = dataclasses.replace(v, up=rng.choice([True, False, None]), scrape_duration_s=rng.random(),
+                                        errors={"timeout": float(step)} if rng.random() < 0.5 else {},
+                                        models=dict(v.models) if rng.random() < 0.7 else {})
             current[target] = v
             if rng.random() < 0.5:
                 expo.prerender(v)                                       # maybe twice before a publish
