@@ -11,8 +11,11 @@ evaluated, so:
   from `collector.report_samples` to text, and kept as text per family; a family whose samples
   hash as they did at the target's evaluation before keeps the lines it had (most settings,
   statuses and predictions do not move from one evaluation to the next);
-* the scrape-state families (`up`, durations, errors, info; a few samples per target) and the
-  fleet-level ones are rendered on every publish from a view without reports (cheap);
+* the scrape-state families (`collector.TARGET_FAMILIES`: `up`, durations, errors, info; a few
+  samples per target) are written per target from `collector.target_samples`, a family again
+  only when what it shows changed, and their texts are kept whole across a publish with no
+  scrape since the last one (an evaluation's); the fleet-level ones are rendered on every
+  publish (a few samples);
 * the body is a tuple of parts in family order (the text format wants a family's samples
   together): each family's header and scrape-state text, then one text of that family's lines
   for every target. That text is built per publish from the one before (where each target's
@@ -199,8 +202,8 @@ class CachedExposition(Exposition):
             name = _REPORT_NAMES[i]
             if before is not None and before[i] == sig:
                 if name in had:
-                    lines[name] = had[name]         # changed since the last publish, not since
-                continue                            # else where it is (or none, as before)
+                    lines[name] = had[name]         # changed at an evaluation since the last publish
+                continue                            # else as at the last publish: at its position there
             if sig:
                 lines[name] = "".join([_report_line(i, s[0], s[1]) for s in by_family[i]]).encode()
                 self.rendered_families += 1
