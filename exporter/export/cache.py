@@ -56,7 +56,7 @@ from exporter.export.render import coalesced, escaped, go_float, head_template
 __all__ = ["CachedExposition", "CapsCollector"]
 
 
-def _report_head(name: str, labels: tuple[str, ...]):
+def _family_head(name: str, labels: tuple[str, ...]):
     """(head template, picker of the label values in the order the text format sorts names)."""
     order = sorted(range(len(labels)), key=labels.__getitem__)
     return head_template(name, [labels[j] for j in order]), \
@@ -64,13 +64,13 @@ def _report_head(name: str, labels: tuple[str, ...]):
 
 
 # per report family: its head as a %-template and the escaped label values it is filled with
-_REPORT_HEADS = tuple(_report_head(name, labels) for name, _doc, _typ, labels in REPORT_FAMILIES)
+_REPORT_HEADS = tuple(_family_head(name, labels) for name, _doc, _typ, labels in REPORT_FAMILIES)
 
 
 # per target scrape-state family: its head template and filler, by the name its samples (and the
 # renderer's parts) carry
 _TARGET_NAMES = tuple(name + "_total" if typ == "counter" else name for name, _doc, typ, _labels in TARGET_FAMILIES)
-_TARGET_HEADS = tuple(_report_head(sample, labels) for sample, (_n, _d, _t, labels) in zip(_TARGET_NAMES, TARGET_FAMILIES))
+_TARGET_HEADS = tuple(_family_head(sample, family[3]) for sample, family in zip(_TARGET_NAMES, TARGET_FAMILIES))
 
 
 def _target_shows(t: TargetView) -> tuple:
