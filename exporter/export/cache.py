@@ -104,19 +104,18 @@ class CachedExposition(Exposition):
     """`Exposition` with per-target render caching and a cached gzip body."""
 
     def __init__(self, *, compress_min_bytes: int = 256 * 1024) -> None:
-        # target -> (reports key, lines, signatures): its text per report family when it was
-        # rendered since the last publish, else its position among the targets of the last
-        # publish's family texts; a hash of each family's samples (0: none), by family index
+        # target -> (reports key, lines, signatures): its position among the targets of the last
+        # publish's family texts, or when rendered since (that position or None, its lines of the
+        # families that changed: `_block`); a hash of each family's samples (0: none), by index
         self._blocks: dict[str, tuple[tuple, dict[str, bytes] | int, array]] = {}
         # report family -> (every target's lines of it, joined in the last publish's target
         # order; where each position's lines start, then the end)
         self._joined: dict[str, tuple[bytes, np.ndarray]] = {}
         self._current: tuple[int, tuple[bytes, ...]] = (0, ())   # (publishes so far, the body)
         self._published = 0                        # targets in the last publish's family texts
-        # scrape state: target -> (what its lines show, its lines per TARGET_FAMILIES); the
-        # targets of the last publish in order, and each family's lines of them all
+        # scrape state: target -> (what its lines show, its lines per TARGET_FAMILIES); each
+        # family's lines of all the last publish's targets
         self._states: dict[str, tuple[tuple, tuple[bytes, ...]]] = {}
-        self._state_order: list[str] = []
         self._state_texts: dict[str, bytes] = {}
         self._replaced_at = 0.0                     # monotonic time the body replaced the one before it
         self._gz: tuple[int, bytes] | None = None   # (publish number of the body it compresses, gzip bytes)
@@ -227,14 +226,14 @@ class CachedExposition(Exposition):
         old, joined = self._blocks, self._joined
         blocks: dict[str, tuple[tuple, int, array]] = {}
         n = len(view.targets)
-        # in place: the same targets in the same order as at the last publish (most publishes):
-        # each family's text is the one before with the changed targets' lines spliced in
-        in_place = n == self._published and len(joined) == len(_REPORT_NAMES)
+        # the same targets in the same order as at the last publish (most publishes): each
+        # target's block is at its position there
+        same_order = n == self._published
         srcs: list = []
         fresh: list[tuple[int, tuple]] = []
         # scrape state: a target's lines are written again when what they show changed (every
         # scrape moves its duration; an evaluation's publish finds them all as they were)
-        old_states, states, order, state_lines = self._states, {}, [], []
+        old_states, states, state_lines = self._states, {}, []
         restated = False
         for pos, t in enumerate(view.targets):
             url = t.target
@@ -244,17 +243,17 @@ class CachedExposition(Exposition):
                 st = (shown, _target_lines(t, shown, st))
                 restated = True
             states[url] = st
-            order.append(url)
             state_lines.append(st[1])
             key, src, sigs = self._block(t, old.get(url))
             blocks[url] = (key, pos, sigs)
             srcs.append(src)
             if type(src) is int:
-                in_place = in_place and src == pos
+                same_order = same_order and src == pos
             else:
-                in_place = in_place and src[0] == pos
+                same_order = same_order and src[0] == pos
                 fresh.append((pos, src))
-        if in_place:
+        if same_order and len(joined) == len(_REPORT_NAMES):
+            # each family's text is the one before with the changed targets' lines spliced in
             changes: dict[str, list[tuple[int, bytes]]] = {}
             for pos, (_at, lines) in fresh:
                 for name, text in lines.items():
@@ -282,7 +281,7 @@ class CachedExposition(Exposition):
                 else:
                     runs.append([[self._whole(src)], pos])
             texts = {name: _join(name, runs, joined.get(name), n) for name in _REPORT_NAMES}
-        if restated or order != self._state_order:
+        if restated or not same_order:
             state_texts = {name: b"".join([lines[k] for lines in state_lines]) for k, name in enumerate(_TARGET_NAMES)}
         else:
             state_texts = self._state_texts
@@ -303,7 +302,7 @@ class CachedExposition(Exposition):
         finally:
             self.collector.per_target = True
         self._blocks, self._joined, self._published = blocks, texts, n
-        self._states, self._state_order, self._state_texts = states, order, state_texts
+        self._states, self._state_texts = states, state_texts
         return tuple(out)
 
     def head_cache(self) -> tuple[int, int]:

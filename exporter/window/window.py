@@ -134,7 +134,8 @@ class Window:
         self._reset_at: float | None = None
         self.resets = 0
         self._max_running_seen: float | None = None
-        self._since: float | None = None    # the first snapshot's time since creation or a reset
+        # the first snapshot's time since the window was made, reset or drained (None: empty)
+        self._since: float | None = None
 
     def __len__(self) -> int:
         return self._size
@@ -243,7 +244,6 @@ class Window:
             self._evict_oldest()
         self._max_running_seen = None
         self._last_keeper = None
-        self._since = None
 
     # ------------------------------------------------------------------ reading
     def summary(self, now: float, hists: dict | None = None) -> Observed:
@@ -280,7 +280,7 @@ class Window:
                     reset=reset, resets=self.resets, kv_usage_mean=kv[0], kv_usage_max=kv[1],
                     running_mean=running[0], running_max=running[1], waiting_mean=waiting[0],
                     waiting_max=waiting[1], max_running_seen=self._max_running_seen,
-                    history_s=newest.timestamp - self._since if self._since is not None else dt)
+                    history_s=newest.timestamp - self._since)
         if dt <= 0:
             return Observed(**base)
         return Observed(**base, **_deltas(first, newest, dt, hists))
