@@ -107,6 +107,11 @@ class ModelArch:
     # `kv_cache_scheme`): vLLM resolves --kv-cache-dtype auto to it
     # (vllm/utils/torch_utils.py resolve_kv_cache_dtype_string); None: the model dtype
     kv_cache_quant: str | None = None
+    # the linear layers the checkpoint's scheme leaves in the model dtype (QUANT_SKIP_PARTS:
+    # "attention", "shared_experts", "dense_mlp"), from its quantization_config's ignore /
+    # exclude_modules / modules_to_not_convert; read every step at 16 bits however small the
+    # experts are (Kimi-K2.5's INT4 release: only the routed experts are 4-bit)
+    quant_skip: frozenset = frozenset()
     # exact tensor bytes from the checkpoint's safetensors headers, when the resolver found them
     weights: WeightInfo | None = None
     source: str = field(default="", compare=False)
@@ -144,6 +149,23 @@ class ModelArch:
     def shared_expert_params(self) -> int:
         return 3 * self.hidden_size * (self.shared_experts * self.moe_intermediate_size
                                        + self.shared_expert_intermediate_size)
+
+    def unquantized_linear_params(self, parts: frozenset) -> int:
+        """Linear parameters of `parts` (QUANT_SKIP_PARTS), summed over all layers: those a
+        quantized checkpoint keeps in the model dtype."""
+        if not parts:
+            return 0
+        n = 0
+        moe = set(self.moe_layers)
+        for i in range(self.num_layers):
+            mixer = bool(self.layer_types) and self.layer_types[i] in (MAMBA, LINEAR)
+            if "attention" in parts and not mixer:
+                n += self.attention_params_per_layer()
+            if i in moe:
+                n += self.shared_expert_params() if "shared_experts" in parts else 0
+            elif "dense_mlp" in parts:
+                n += self.dense_mlp_params()
+        return n
 
     @property
     def embedding_params(self) -> int:
@@ -211,7 +233,57 @@ class ModelArch:
             kv = self.kv_cache_quant or "fp8"
         else:   # another checkpoint: its own KV scheme is not this one's
             kv = self.kv_cache_quant if quantization == self.quantization else None
-        return replace(self, quantization=quantization, name=name or self.name, kv_cache_quant=kv)
+        return replace(self, quantization=quantization, name=name or self.name, kv_cache_quant=kv,
+                       quant_skip=unquantized_parts(self, quantization))
+
+
+QUANT_SKIP_PARTS = ("attention", "shared_experts", "dense_mlp")
+
+
+def unquantized_parts(arch: ModelArch, quantization: str | None) -> frozenset:
+    """The linear parts a checkpoint of `arch` quantized with `quantization` keeps in the model
+    dtype. The model's own checkpoint says (`arch.quant_skip`, from its config.json). Another
+    scheme names another checkpoint: an NVFP4 one of an MoE model is ModelOpt's, whose releases
+    leave self-attention in 16 bits (`exclude_modules` of nvidia/MiniMax-M2.5-NVFP4 and
+    nvidia/Kimi-K2.5-NVFP4: every layer's `self_attn*`; the experts, shared ones included, are
+    FP4); a dense model's NVFP4 release and vLLM's runtime quantization (`--quantization fp8`
+    quantizes every linear layer, Fp8LinearMethod) keep nothing back."""
+    if not quantization:
+        return frozenset()
+    if quantization == arch.quantization:
+        return arch.quant_skip
+    if quantization == "nvfp4" and arch.is_moe:
+        return frozenset({"attention"})
+    return frozenset()
+
+
+_DENSE_MLP_PATTERN = re.compile(r"mlp\.\(?(gate_up|gate|up|down)(_proj|\|)")
+_ATTENTION_PATTERN = re.compile(r"self_attn|(^|\.)(attn|attention)(\.|\*|$)")
+
+
+def quant_skip_from_config(cfg: Mapping[str, Any]) -> frozenset:
+    """QUANT_SKIP_PARTS the checkpoint's quantization_config leaves unquantized: compressed-
+    tensors `ignore`, ModelOpt `exclude_modules`, HF/AWQ `modules_to_not_convert` (names or
+    `re:` patterns). A part counts when any pattern names it (ModelOpt lists every layer's
+    `self_attn*`); routers, norms and lm_head are outside the linear layers counted anyway."""
+    qc = cfg.get("quantization_config") or cfg.get("compression_config")
+    if not isinstance(qc, Mapping):
+        return frozenset()
+    patterns: list = []
+    for src in (qc, qc.get("quantization") if isinstance(qc.get("quantization"), Mapping) else {}):
+        for key in ("ignore", "exclude_modules", "modules_to_not_convert"):
+            if isinstance(src.get(key), (list, tuple)):
+                patterns += [str(x) for x in src[key]]
+    parts = set()
+    for p in patterns:
+        s = p.lower().replace("\\", "")
+        if "expert" not in s and "norm" not in s and _ATTENTION_PATTERN.search(s):
+            parts.add("attention")
+        if "shared_expert" in s:
+            parts.add("shared_experts")
+        if "expert" not in s and _DENSE_MLP_PATTERN.search(s):
+            parts.add("dense_mlp")
+    return frozenset(parts)
 
 
 # ---- reading config.json ------------------------------------------------------------------
@@ -495,6 +567,10 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             quantization, qnote = quant_from_config(cfg)
         if qnote:
             notes.append(f"quantization_config: {qnote}")
+    skip = quant_skip_from_config(outer) or quant_skip_from_config(cfg) if quantization else frozenset()
+    if skip:
+        notes.append("left in the model dtype by the checkpoint's quantization: "
+                     + ", ".join(x for x in QUANT_SKIP_PARTS if x in skip))
     if n_experts:
         notes.append(f"MoE: {n_experts} routed experts (top-{k}), "
                      f"{shared or (1 if shared_inter else 0)} shared, "
@@ -529,7 +605,7 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         extra_params=int(extra_params), native_dtype=dtype,
         quantization=normalize_quantization(quantization) if quantization else None,
         sampling_sorts=_sampling_sorts(generation),
-        kv_cache_quant=kv_quant,
+        kv_cache_quant=kv_quant, quant_skip=skip,
         source=where, notes=tuple(notes),
     )
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from exporter.errors import InputError
 from exporter.model.architectures import (CHUNKED, FULL, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM,
-                                          SLIDING, ModelArch)
+                                          SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (DEVICE_WIDE_NON_TORCH_BEFORE, SMALL_SAMPLER,
                                    TOKENS_FROM_CONCURRENCY, Setup)
 
@@ -194,8 +194,9 @@ def _expert_share(setup: Setup) -> float:
     return 1.0 / ranks
 
 
-def weights_bytes(setup: Setup, stage: int = 0) -> float:
-    """Bytes of weights on one rank of PP stage `stage`."""
+def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float:
+    """Bytes of weights on one rank of PP stage `stage`; `padded=False`: without the MXFP4 MoE
+    layout's padding (what the step reads, perf.shape_for; the allocation counts it)."""
     m, tp, pp = setup.model, setup.tp, setup.pp
     native = setup.dtype_bytes
     linear, experts, other = m.layer_params()
@@ -210,9 +211,13 @@ def weights_bytes(setup: Setup, stage: int = 0) -> float:
         per_rank = m.moe_intermediate_size / split
         pad = (math.ceil(per_rank / 128) * 128 / per_rank) if per_rank else 1.0
         pad *= math.ceil(m.hidden_size / 256) * 256 / m.hidden_size
+        if not padded:
+            pad = 1.0
         linear_bytes = dense * native / tp + experts * qbytes * pad * eshare
     elif qbytes is not None:
-        linear_bytes = dense * qbytes / tp + experts * qbytes * eshare
+        # what the checkpoint's scheme leaves in the model dtype (attention, shared experts...)
+        keep = m.unquantized_linear_params(unquantized_parts(m, q))
+        linear_bytes = ((dense - keep) * qbytes + keep * native) / tp + experts * qbytes * eshare
     else:
         linear_bytes = dense * native / tp + experts * native * eshare
     share = _stage_layers(m.num_layers, pp)[stage] / m.num_layers
@@ -245,8 +250,11 @@ def _checkpoint_scale(setup: Setup) -> float:
     native = setup.dtype_bytes
     if m.quantization == "mxfp4":
         lin = (linear - experts) * native + experts * q
+    elif q is not None:
+        keep = m.unquantized_linear_params(m.quant_skip)
+        lin = (linear - keep) * q + keep * native
     else:
-        lin = linear * (q if q is not None else native)
+        lin = linear * native
     emb = m.vocab_size * m.hidden_size * native * (1 if m.tie_word_embeddings else 2)
     derived = lin + (other + m.extra_params) * native + emb
     return float(exact) / derived if derived > 0 else 1.0

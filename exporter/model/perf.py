@@ -588,11 +588,17 @@ def _kv_read_bytes(setup: Any) -> float:
 def shape_for(setup: Any) -> Shape:
     """Precompute the per-GPU bytes and FLOPs of `setup` (cached: setups are frozen)."""
     from exporter.model import kv_cache as kvc
-    from exporter.model.architectures import CHUNKED, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM, SLIDING
+    from exporter.model.architectures import (CHUNKED, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM, SLIDING,
+                                              unquantized_parts)
 
     m, tp, pp = setup.model, setup.tp, setup.pp
     native = setup.dtype_bytes
-    weights = sum(kvc.weights_bytes(setup, s) for s in range(pp))
+    # the bytes a step streams: the MXFP4 experts as the checkpoint holds them, not the Marlin
+    # layout's padded allocation (2880 -> 3072 wide): vLLM's default MXFP4 MoE backend on Hopper
+    # (Triton, triton_kernels installed) pads the per-rank intermediate size to 64 only and not the
+    # hidden size (mxfp4.py create_weights), and the padded rows read as zeros cost nothing the
+    # shared gpt-oss rows show (TPOT 9.0 % streaming the padding, 7.1 % without)
+    weights = sum(kvc.weights_bytes(setup, s, padded=False) for s in range(pp))
     # the input embedding is a gather, not a read of the whole table; the rotary cache is tiny reads
     emb = m.vocab_size * m.hidden_size * native / tp
     if not m.tie_word_embeddings:
@@ -606,7 +612,9 @@ def shape_for(setup: Any) -> Shape:
         q = setup.quantization
         qb = QUANT_BYTES_PER_PARAM.get(q) if q else None
         lin_b = native if (qb is None or q == "mxfp4") else qb
-        dense_part = (linear - experts) * lin_b / tp + other * native + emb  # emb: the lm_head
+        keep = m.unquantized_linear_params(unquantized_parts(m, q)) if lin_b != native else 0
+        dense_part = (((linear - experts - keep) * lin_b + keep * native) / tp
+                      + other * native + emb)  # emb: the lm_head
         expert_bytes = max(weights - dense_part, 0.0)
     dense = max(weights - expert_bytes, 0.0)
     flop_params = m.active_params - (m.embedding_params if not m.tie_word_embeddings else 0)

@@ -144,6 +144,8 @@ class Setup:
             quant = arch.quantization or "w8a8"  # the checkpoint's own scheme says which
         elif quantization and quantization.strip().lower().startswith("fp8"):
             quant = "fp8"
+        elif quantization and quantization.strip().lower() == "fp4" and arch.quantization == "mxfp4":
+            quant = "mxfp4"  # FP4 of an MXFP4 checkpoint (gpt-oss) is its own format, not NVFP4
         else:
             quant = normalize_quantization(quantization) if quantization else arch.quantization
         if kv_cache_dtype is None:

@@ -94,3 +94,26 @@ def test_truncated_safetensors_header_is_an_error_not_a_guess(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     with pytest.raises(ValueError, match="truncated"):
         from_local_dir(tmp_path)
+
+
+@pytest.mark.parametrize("qc, parts", [
+    # compressed-tensors (Kimi-K2.5 INT4): regex patterns
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}},
+      "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]},
+     {"attention", "shared_experts", "dense_mlp"}),
+    # ModelOpt NVFP4 (MiniMax-M2.5-NVFP4): every layer named, routers beside them
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4",
+      "exclude_modules": ["lm_head", "model.layers.0.block_sparse_moe.gate", "model.layers.0.self_attn*",
+                          "model.layers.1.self_attn*"]}, {"attention"}),
+    # MXFP4 (gpt-oss)
+    ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                          "model.embed_tokens", "lm_head"]}, {"attention"}),
+    # block FP8 (Qwen3-235B-A22B-FP8): norms and routers only, attention is FP8
+    ({"quant_method": "fp8", "weight_block_size": [128, 128],
+      "modules_to_not_convert": ["lm_head", "model.layers.0.input_layernorm", "model.layers.0.mlp.gate",
+                                 "model.layers.0.post_attention_layernorm"]}, set()),
+])
+def test_layers_a_checkpoint_leaves_unquantized_are_read_from_its_config(qc, parts):
+    arch = arch_from_config({**BASE, "quantization_config": qc}, name="x", where="x")
+    assert arch.quant_skip == parts
+    assert any("left in the model dtype" in n for n in arch.notes) == bool(parts)

@@ -255,3 +255,70 @@ def test_moe_prefill_keeps_a_per_token_part_that_tp_does_not_split():
     assert per_tp[2] / per_tp[8] < 3.0
     dense = perf.shape_for(Setup.build("meta-llama/Llama-3.1-70B", "H100-SXM-80GB", tp=2, quantization="fp8"))
     assert dense.moe_token_s == 0.0
+
+
+def test_a_checkpoint_reads_the_layers_its_quantization_left_at_16_bits():
+    # Kimi-K2.5's INT4 release quantizes only the routed experts (its quantization_config ignores
+    # self_attn, shared_experts and the dense MLP): those are read at 2 bytes a parameter
+    s = Setup.build("moonshotai/Kimi-K2.5", "H200", tp=8, max_model_len=8192)
+    assert s.quantization == "w4a16"
+    assert s.model.quant_skip == {"attention", "shared_experts", "dense_mlp"}
+    keep = s.model.unquantized_linear_params(s.model.quant_skip)
+    m = s.model
+    moe = set(m.moe_layers)
+    by_hand = sum(m.attention_params_per_layer() + (m.shared_expert_params() if i in moe
+                                                    else m.dense_mlp_params())
+                  for i in range(m.num_layers))
+    assert keep == by_hand
+    all_quantized = s.with_(model=replace(m, quant_skip=frozenset()))
+    q = 0.5 + 2 / 128
+    assert weights_bytes(s) - weights_bytes(all_quantized) == pytest.approx(keep * (2 - q) / 8, rel=1e-9)
+    # the 16-bit layers are read every step: the dense bytes per rank grow by the same amount
+    dense = perf.shape_for(s).dense_weight_bytes - perf.shape_for(all_quantized).dense_weight_bytes
+    assert dense == pytest.approx(keep * (2 - q) / 8, rel=1e-6)
+    assert perf.shape_for(s).expert_weight_bytes == pytest.approx(
+        perf.shape_for(all_quantized).expert_weight_bytes, rel=1e-6)
+
+
+def test_nvfp4_of_an_moe_model_keeps_attention_at_16_bits_and_a_dense_one_does_not():
+    from exporter.model.architectures import resolve_model, unquantized_parts
+    # ModelOpt's NVFP4 MoE releases list every layer's self_attn in exclude_modules
+    assert resolve_model("nvidia/MiniMax-M2.5-NVFP4").quant_skip == {"attention"}
+    native = Setup.build("MiniMaxAI/MiniMax-M2.5", "B200", tp=2, max_model_len=8192)
+    assert native.model.quant_skip == frozenset()        # its block-FP8 release quantizes attention
+    fp4 = Setup.build("MiniMaxAI/MiniMax-M2.5", "B200", tp=2, max_model_len=8192, quantization="fp4")
+    assert unquantized_parts(fp4.model, fp4.quantization) == {"attention"}
+    dense = Setup.build("meta-llama/Llama-3.1-70B-Instruct", "B200", tp=2, quantization="fp4")
+    assert unquantized_parts(dense.model, dense.quantization) == frozenset()
+    # runtime FP8 quantizes every linear layer
+    rt = Setup.build("Qwen/Qwen3-30B-A3B", "H100", quantization="fp8", max_model_len=8192)
+    assert unquantized_parts(rt.model, rt.quantization) == frozenset()
+
+
+def test_fp4_of_an_mxfp4_checkpoint_is_that_checkpoint():
+    # gpt-oss described as --quantization fp4 (how measured tables name it) is the same deployment
+    # as gpt-oss with no flag: one KV pool, one step time
+    def calc(*extra):
+        out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", "openai/gpt-oss-120b",
+                              "--gpu", "H100", "--tp", "2", "--concurrency", "32", "--json", *extra],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+    plain, fp4 = calc(), calc("--quantization", "fp4")
+    assert fp4["kv_cache"]["tokens"] == plain["kv_cache"]["tokens"]
+    assert fp4["predicted"]["tpot_s"] == pytest.approx(plain["predicted"]["tpot_s"], rel=1e-12)
+    assert Setup.build("openai/gpt-oss-120b", "H100", quantization="fp4").quantization == "mxfp4"
+    assert Setup.build("openai/gpt-oss-120b", "H100", quantization="nvfp4").quantization == "nvfp4"
+
+
+def test_the_step_streams_mxfp4_experts_as_stored_while_the_allocation_is_padded():
+    s = Setup.build("openai/gpt-oss-120b", "H100", tp=2, max_model_len=8192)
+    assert weights_bytes(s) > weights_bytes(s, padded=False)
+    # the padding is on the routed experts only (hidden 2880 -> 3072, per-rank intermediate
+    # 1440 -> 1536: 1.138x)
+    _, experts, _ = s.model.layer_params()
+    stored = experts * (0.5 + 1 / 32) / 2
+    assert weights_bytes(s) - weights_bytes(s, padded=False) == pytest.approx(
+        stored * (1536 / 1440 * 3072 / 2880 - 1), rel=1e-9)
+    shape = perf.shape_for(s)
+    assert shape.expert_weight_bytes == pytest.approx(stored, rel=1e-6)
