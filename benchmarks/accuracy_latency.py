@@ -9,6 +9,9 @@ percentage error per model x GPU, per GPU and overall, and the worst rows.
   python benchmarks/accuracy_latency.py --holdout H200  # fit without rows matching H200, report them
   python benchmarks/accuracy_latency.py --holdout gpt-oss
   python benchmarks/accuracy_latency.py --cv            # leave-one-GPU / -family-out figures
+  python benchmarks/accuracy_latency.py --csv heldout.csv --class-cv blackwell
+      # would a class of its own beat the carried-over factors? Fit the class on all but one
+      # model family of its rows, score that family, against the shipped (carried-over) factors
 
 The fit is a plain Nelder-Mead (no numpy) minimising the mean |pred/measured - 1| of TPOT plus half
 that of TTFT (capped per row), plus a weak prior on each factor's log (PRIOR, PRIOR_WEIGHT), over
@@ -182,7 +185,7 @@ PRIOR_WEIGHT = 0.01
 MIN_FORMAT_ROWS = 10
 # Neutral starting point of a cross-validation fit: round physical guesses, not the shipped fit
 # (which saw every row), so a fold's held-out rows cannot leak in through the start.
-PRIOR = {"bw_eff": 0.8, "flops_eff_bf16": 0.5, "flops_eff_fp8": 0.5, "step_overhead_s": 1e-3,
+PRIOR = {"bw_eff": 0.8, "flops_eff_bf16": 0.5, "flops_eff_fp8": 0.5, "flops_eff_fp4": 0.5, "step_overhead_s": 1e-3,
          "layer_sync_s": 20e-6, "per_token_s": 5e-6, "per_seq_s": 1e-6, "moe_bw_eff": 0.9,
          "ttft_steps": 3.0, "moe_flops_eff": 0.8, "queue_factor": 0.03, "ttft_prefill_factor": 1.0,
          "attn_bw_eff": 0.8, "sample_sort_s": 2e-5, "layer_s": 10e-6}
@@ -260,6 +263,40 @@ def cross_validate(rows: list[dict], base: perf.Calibration, iters: int) -> dict
     return out
 
 
+def class_cv(rows: list[dict], cls: str, iters: int) -> list[tuple[str, int, float, float, float, float]]:
+    """Leave one model family out within the rows of GPU class `cls`: fit that class's factors
+    (from its shipped calibration, so nothing of the held-out family leaks in) on the other
+    families, predict the held-out one. Returns (family, n, TPOT shipped, TTFT shipped, TPOT
+    fitted-without-it, TTFT fitted-without-it) per family and a pooled "all" row. A class whose
+    rows are FP4 GEMMs (Blackwell) fits flops_eff_fp4 as well."""
+    sane = [r for r in rows if int(r["concurrency"]) <= 256
+            and perf.gpu_class(_prepared(r)[1].gpu_name) == cls]
+    base = perf.CALIBRATIONS.get(cls) or perf.calibration_for(_prepared(sane[0])[1].gpu_name)
+    fp4 = sum(_prepared(r)[1].compute_dtype == "fp4" for r in sane) >= MIN_FORMAT_ROWS
+    saved = dict(PARAMS)
+    if fp4:
+        PARAMS["flops_eff_fp4"] = 1.0
+    out, pooled_s, pooled_f = [], [], []
+    try:
+        for fam in sorted({family(r["model"]) for r in sane}):
+            held = [r for r in sane if family(r["model"]) == fam]
+            train = [r for r in sane if family(r["model"]) != fam]
+            names = identifiable(train) + (["flops_eff_fp4"] if fp4 else [])
+            x0 = [getattr(base, n) / PARAMS[n] for n in names]
+            x = nelder_mead(_objective(train, base, names), x0, iters=iters)
+            cal = replace(base, **{n: v * PARAMS[n] for n, v in zip(names, x)})
+            es, ef = errors(held, base), errors(held, cal)
+            pooled_s += es
+            pooled_f += ef
+            out.append((fam, len(held), _mape(es, 0), _mape(es, 1), _mape(ef, 0), _mape(ef, 1)))
+    finally:
+        PARAMS.clear()
+        PARAMS.update(saved)
+    out.append(("all", len(pooled_s), _mape(pooled_s, 0), _mape(pooled_s, 1), _mape(pooled_f, 0),
+                _mape(pooled_f, 1)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=CSV)
@@ -268,12 +305,21 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--cv", action="store_true",
                     help="cross-validate: leave one GPU out, leave one model family out (c <= 256)")
+    ap.add_argument("--class-cv", metavar="CLASS",
+                    help="leave one model family out within GPU class CLASS: shipped factors vs a class fit")
     a = ap.parse_args()
     if not a.csv.exists():
         print(f"no data: {a.csv} missing", file=sys.stderr)
         return 2
     rows = load_rows(a.csv)
     base = perf.CALIBRATIONS["hopper"]
+    if a.class_cv:
+        print(f"{a.class_cv}: each model family predicted by the shipped factors and by a fit of the "
+              "class on its other families (c <= 256):")
+        for fam, n, ts, tts, tf, ttf in class_cv(rows, a.class_cv, a.iters):
+            print(f"  {fam:<10} n={n:>3}  shipped TPOT {ts:5.1f}% TTFT {tts:5.1f}%   "
+                  f"fitted without it TPOT {tf:5.1f}% TTFT {ttf:5.1f}%")
+        return 0
     if a.cv:
         print("cross-validated (fitted without the held-out rows, c <= 256):")
         for k, (tp, tt, n) in cross_validate(rows, base, a.iters).items():
