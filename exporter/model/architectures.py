@@ -139,6 +139,18 @@ class ModelArch:
         kv = 2 * h * self.num_kv_heads * self.head_dim
         return q + kv + self.num_heads * self.head_dim * h
 
+    def replicated_linear_params(self) -> int:
+        """Linear parameters every TP rank holds whole, summed over all layers: MLA's
+        down-projections (`fused_qkv_a_proj` = q_a + kv_a, or `kv_a_proj_with_mqa` alone without a
+        q LoRA) are built with `disable_tp=True` / `ReplicatedLinear` in vLLM's deepseek_v2.py, so
+        each rank reads all of them every step (Kimi-K2.5: 0.92 B parameters, 1.85 GB at 16 bits
+        on every GPU of a TP8 group, not 0.23)."""
+        if self.attention != "mla":
+            return 0
+        per_layer = self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
+        mixers = sum(1 for t in self.layer_types if t in (MAMBA, LINEAR)) if self.layer_types else 0
+        return per_layer * (self.num_layers - mixers)
+
     def dense_mlp_params(self) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
 

@@ -204,6 +204,10 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
     qbytes = QUANT_BYTES_PER_PARAM.get(q) if q else None
     dense = linear - experts
     eshare = _expert_share(setup)
+    rep = m.replicated_linear_params()   # held whole by every rank (MLA down-projections)
+
+    def on_rank(params: float, replicated: float) -> float:
+        return (params - replicated) / tp + replicated
     if q == "mxfp4":  # gpt-oss: only the routed experts are MXFP4; vLLM's MXFP4 MoE (Marlin
         # layout) pads the per-rank intermediate size to 128 and the hidden size to 256
         # (mxfp4.py create_weights; matches gpt-oss-20b's 7.01 GiB per rank at TP2)
@@ -213,13 +217,16 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
         pad *= math.ceil(m.hidden_size / 256) * 256 / m.hidden_size
         if not padded:
             pad = 1.0
-        linear_bytes = dense * native / tp + experts * qbytes * pad * eshare
+        linear_bytes = on_rank(dense, rep) * native + experts * qbytes * pad * eshare
     elif qbytes is not None:
         # what the checkpoint's scheme leaves in the model dtype (attention, shared experts...)
-        keep = m.unquantized_linear_params(unquantized_parts(m, q))
-        linear_bytes = ((dense - keep) * qbytes + keep * native) / tp + experts * qbytes * eshare
+        parts = unquantized_parts(m, q)
+        keep = m.unquantized_linear_params(parts)
+        rep_keep = rep if "attention" in parts else 0
+        linear_bytes = (on_rank(dense - keep, rep - rep_keep) * qbytes + on_rank(keep, rep_keep) * native
+                        + experts * qbytes * eshare)
     else:
-        linear_bytes = dense * native / tp + experts * native * eshare
+        linear_bytes = on_rank(dense, rep) * native + experts * native * eshare
     share = _stage_layers(m.num_layers, pp)[stage] / m.num_layers
     padded_vocab = math.ceil(m.vocab_size / (64 * tp)) * 64 * tp
     emb = padded_vocab * m.hidden_size * native

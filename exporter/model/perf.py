@@ -612,8 +612,12 @@ def shape_for(setup: Any) -> Shape:
         q = setup.quantization
         qb = QUANT_BYTES_PER_PARAM.get(q) if q else None
         lin_b = native if (qb is None or q == "mxfp4") else qb
-        keep = m.unquantized_linear_params(unquantized_parts(m, q)) if lin_b != native else 0
-        dense_part = (((linear - experts - keep) * lin_b + keep * native) / tp
+        parts = unquantized_parts(m, q) if lin_b != native else frozenset()
+        keep = m.unquantized_linear_params(parts)
+        rep = m.replicated_linear_params()
+        rep_keep = rep if (lin_b == native or "attention" in parts) else 0
+        dense_part = (((linear - experts - keep - (rep - rep_keep)) * lin_b + (keep - rep_keep) * native) / tp
+                      + (rep - rep_keep) * lin_b + rep_keep * native
                       + other * native + emb)  # emb: the lm_head
         expert_bytes = max(weights - dense_part, 0.0)
     dense = max(weights - expert_bytes, 0.0)
@@ -649,7 +653,8 @@ def shape_for(setup: Any) -> Shape:
         expert_weight_bytes=expert_bytes,
         n_experts=m.num_experts if m.is_moe else 0,
         experts_per_token=m.experts_per_token if m.is_moe else 0,
-        flops_per_token=2.0 * flop_params / tp,
+        # replicated GEMMs (MLA down-projections) run whole on every rank
+        flops_per_token=2.0 * (flop_params / tp + m.replicated_linear_params() * (1.0 - 1.0 / tp)),
         kv_bytes_per_ctx_token=per_layer * n_full,
         swa_kv_bytes_per_token=swa_bytes,
         swa_window=window,

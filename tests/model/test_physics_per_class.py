@@ -272,10 +272,12 @@ def test_a_checkpoint_reads_the_layers_its_quantization_left_at_16_bits():
     assert keep == by_hand
     all_quantized = s.with_(model=replace(m, quant_skip=frozenset()))
     q = 0.5 + 2 / 128
-    assert weights_bytes(s) - weights_bytes(all_quantized) == pytest.approx(keep * (2 - q) / 8, rel=1e-9)
+    rep = m.replicated_linear_params()   # MLA's down-projections: whole on every rank
+    per_rank = (keep - rep) / 8 + rep
+    assert weights_bytes(s) - weights_bytes(all_quantized) == pytest.approx(per_rank * (2 - q), rel=1e-9)
     # the 16-bit layers are read every step: the dense bytes per rank grow by the same amount
     dense = perf.shape_for(s).dense_weight_bytes - perf.shape_for(all_quantized).dense_weight_bytes
-    assert dense == pytest.approx(keep * (2 - q) / 8, rel=1e-6)
+    assert dense == pytest.approx(per_rank * (2 - q), rel=1e-6)
     assert perf.shape_for(s).expert_weight_bytes == pytest.approx(
         perf.shape_for(all_quantized).expert_weight_bytes, rel=1e-6)
 
@@ -322,3 +324,28 @@ def test_the_step_streams_mxfp4_experts_as_stored_while_the_allocation_is_padded
         stored * (1536 / 1440 * 3072 / 2880 - 1), rel=1e-9)
     shape = perf.shape_for(s)
     assert shape.expert_weight_bytes == pytest.approx(stored, rel=1e-6)
+
+
+def test_mla_down_projections_are_whole_on_every_tp_rank():
+    # vLLM builds fused_qkv_a_proj (q_a + kv_a) with disable_tp=True: each rank holds and reads it
+    s8 = Setup.build("moonshotai/Kimi-K2.5", "H200", tp=8, max_model_len=8192)
+    m = s8.model
+    rep = m.replicated_linear_params()
+    assert rep == m.num_layers * m.hidden_size * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
+
+    class Split(type(m)):   # the same model with every attention weight split over TP
+        def replicated_linear_params(self) -> int:
+            return 0
+    split = s8.with_(model=Split(**{f.name: getattr(m, f.name) for f in fields(m)}))
+    # Kimi's attention is 16-bit in its INT4 release: 7/8 of the replicated part more per rank,
+    # in the allocation and in what a step reads
+    assert weights_bytes(s8) - weights_bytes(split) == pytest.approx(rep * 2 * 7 / 8, rel=1e-9)
+    assert perf.shape_for(s8).dense_weight_bytes - perf.shape_for(split).dense_weight_bytes == pytest.approx(
+        rep * 2 * 7 / 8, rel=1e-6)
+    assert perf.shape_for(s8).expert_weight_bytes == pytest.approx(perf.shape_for(split).expert_weight_bytes,
+                                                                   rel=1e-6)
+    # and their GEMMs run whole on every rank
+    assert perf.shape_for(s8).flops_per_token - perf.shape_for(split).flops_per_token == pytest.approx(
+        2 * rep * 7 / 8, rel=1e-9)
+    # GQA models replicate nothing
+    assert Setup.build("meta-llama/Llama-3.1-70B-Instruct", "H200", tp=8).model.replicated_linear_params() == 0
