@@ -331,6 +331,10 @@ def fit_rows(prior: Calibration, meas: Sequence[Measurement],
     if not meas:
         return Fit(prior, names, (0.0,) * len(names), (), prior_err, prior_err, 0)
     meas, ttft_aside = _ttft_informative(prior, meas)
+    if not any(m.ttft_s and m.peak_pool_share > 1.0 for m in meas):
+        # the pool shows only in the queueing of a load past it: with no such row's TTFT kept,
+        # `kv_capacity` would explain a saturated row's TPOT (stalls of a smaller pool) instead
+        names = tuple(n for n in names if n != "kv_capacity")
     kept = list(meas)
     outliers: list[str] = []
     every = names
