@@ -194,6 +194,29 @@ def _expert_share(setup: Setup) -> float:
     return 1.0 / ranks
 
 
+def dense_linear_bytes(setup: Setup) -> float:
+    """Bytes on one TP rank of every linear layer outside the routed experts (all layers): split
+    over TP except what each rank holds whole (MLA's down-projections), in the weight scheme
+    except what the checkpoint leaves in the model dtype (`unquantized_parts`; MXFP4 quantizes
+    only the routed experts)."""
+    m, tp = setup.model, setup.tp
+    native = setup.dtype_bytes
+    linear, experts, _ = m.layer_params()
+    dense = linear - experts
+    q = setup.quantization
+    qbytes = QUANT_BYTES_PER_PARAM.get(q) if q else None
+    rep = m.replicated_linear_params()   # held whole by every rank
+
+    def on_rank(params: float, replicated: float) -> float:
+        return (params - replicated) / tp + replicated
+    if qbytes is None or q == "mxfp4":
+        return on_rank(dense, rep) * native
+    parts = unquantized_parts(m, q)
+    keep = m.unquantized_linear_params(parts)
+    rep_keep = rep if "attention" in parts else 0
+    return on_rank(dense - keep, rep - rep_keep) * qbytes + on_rank(keep, rep_keep) * native
+
+
 def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float:
     """Bytes of weights on one rank of PP stage `stage`; `padded=False`: without the MXFP4 MoE
     layout's padding (what the step reads, perf.shape_for; the allocation counts it)."""
@@ -202,12 +225,8 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
     linear, experts, other = m.layer_params()
     q = setup.quantization
     qbytes = QUANT_BYTES_PER_PARAM.get(q) if q else None
-    dense = linear - experts
     eshare = _expert_share(setup)
-    rep = m.replicated_linear_params()   # held whole by every rank (MLA down-projections)
-
-    def on_rank(params: float, replicated: float) -> float:
-        return (params - replicated) / tp + replicated
+    dense_bytes = dense_linear_bytes(setup)
     if q == "mxfp4":  # gpt-oss: only the routed experts are MXFP4; vLLM's MXFP4 MoE (Marlin
         # layout) pads the per-rank intermediate size to 128 and the hidden size to 256
         # (mxfp4.py create_weights; matches gpt-oss-20b's 7.01 GiB per rank at TP2)
@@ -217,16 +236,9 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
         pad *= math.ceil(m.hidden_size / 256) * 256 / m.hidden_size
         if not padded:
             pad = 1.0
-        linear_bytes = on_rank(dense, rep) * native + experts * qbytes * pad * eshare
-    elif qbytes is not None:
-        # what the checkpoint's scheme leaves in the model dtype (attention, shared experts...)
-        parts = unquantized_parts(m, q)
-        keep = m.unquantized_linear_params(parts)
-        rep_keep = rep if "attention" in parts else 0
-        linear_bytes = (on_rank(dense - keep, rep - rep_keep) * qbytes + on_rank(keep, rep_keep) * native
-                        + experts * qbytes * eshare)
+        linear_bytes = dense_bytes + experts * qbytes * pad * eshare
     else:
-        linear_bytes = on_rank(dense, rep) * native + experts * native * eshare
+        linear_bytes = dense_bytes + experts * (qbytes if qbytes is not None else native) * eshare
     share = _stage_layers(m.num_layers, pp)[stage] / m.num_layers
     padded_vocab = math.ceil(m.vocab_size / (64 * tp)) * 64 * tp
     emb = padded_vocab * m.hidden_size * native

@@ -588,8 +588,7 @@ def _kv_read_bytes(setup: Any) -> float:
 def shape_for(setup: Any) -> Shape:
     """Precompute the per-GPU bytes and FLOPs of `setup` (cached: setups are frozen)."""
     from exporter.model import kv_cache as kvc
-    from exporter.model.architectures import (CHUNKED, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM, SLIDING,
-                                              unquantized_parts)
+    from exporter.model.architectures import CHUNKED, LINEAR, MAMBA, SLIDING
 
     m, tp, pp = setup.model, setup.tp, setup.pp
     native = setup.dtype_bytes
@@ -604,21 +603,12 @@ def shape_for(setup: Any) -> Shape:
     if not m.tie_word_embeddings:
         weights -= emb
     weights -= m.max_position_embeddings * m.rotary_dim * native
-    linear, experts, other = m.layer_params()
+    _, experts, other = m.layer_params()
     expert_bytes = 0.0
     if m.is_moe and experts:
-        # the dense part as kv_cache.weights_bytes counts it; the rest (incl. any padding of the
-        # expert layout) is routed-expert weight, read only for experts some token picks
-        q = setup.quantization
-        qb = QUANT_BYTES_PER_PARAM.get(q) if q else None
-        lin_b = native if (qb is None or q == "mxfp4") else qb
-        parts = unquantized_parts(m, q) if lin_b != native else frozenset()
-        keep = m.unquantized_linear_params(parts)
-        rep = m.replicated_linear_params()
-        rep_keep = rep if (lin_b == native or "attention" in parts) else 0
-        dense_part = (((linear - experts - keep - (rep - rep_keep)) * lin_b + (keep - rep_keep) * native) / tp
-                      + (rep - rep_keep) * lin_b + rep_keep * native
-                      + other * native + emb)  # emb: the lm_head
+        # the dense part as kv_cache.weights_bytes counts it; the rest is routed-expert weight,
+        # read only for experts some token picks
+        dense_part = kvc.dense_linear_bytes(setup) + other * native + emb  # emb: the lm_head
         expert_bytes = max(weights - dense_part, 0.0)
     dense = max(weights - expert_bytes, 0.0)
     flop_params = m.active_params - (m.embedding_params if not m.tie_word_embeddings else 0)
