@@ -33,12 +33,13 @@ from exporter.model.setup import Setup
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 CSV = SHARED / "fixtures" / "throughput-observations.csv"
-# fitted factors and their scale (the optimiser works on factor / scale); flops_eff_fp4 has no
-# FP4-GEMM rows here (gpt-oss MXFP4 runs dequantised on Hopper) and stays at its prior
+# fitted factors and their scale (the optimiser works on factor / scale); flops_eff_fp4 only from
+# rows that run FP4 GEMMs (`identifiable`): none here (gpt-oss MXFP4 runs dequantised on Hopper)
 PARAMS = {"bw_eff": 1.0, "flops_eff_bf16": 1.0, "flops_eff_fp8": 1.0, "step_overhead_s": 1e-3,
           "layer_sync_s": 1e-6, "per_token_s": 1e-6, "per_seq_s": 1e-6, "moe_bw_eff": 1.0,
           "ttft_steps": 1.0, "moe_flops_eff": 1.0, "queue_factor": 0.01, "ttft_prefill_factor": 1.0,
-          "attn_bw_eff": 1.0, "sample_sort_s": 1e-5, "layer_s": 1e-5}
+          "attn_bw_eff": 1.0, "sample_sort_s": 1e-5, "layer_s": 1e-5,
+          "flops_eff_fp4": 1.0}
 
 
 def load_rows(path: Path = CSV) -> list[dict]:
@@ -114,7 +115,8 @@ def _tied(cal: perf.Calibration, names: list[str]) -> perf.Calibration:
     """A GEMM format without enough rows takes the other format's fitted efficiency (both are
     shares of their own dtype's dense peak), rather than a prior or a fit to a handful of rows."""
     if "flops_eff_fp8" not in names and "flops_eff_bf16" in names:
-        return replace(cal, flops_eff_fp8=cal.flops_eff_bf16, flops_eff_fp4=cal.flops_eff_bf16)
+        fp4 = cal.flops_eff_fp4 if "flops_eff_fp4" in names else cal.flops_eff_bf16
+        return replace(cal, flops_eff_fp8=cal.flops_eff_bf16, flops_eff_fp4=fp4)
     if "flops_eff_bf16" not in names and "flops_eff_fp8" in names:
         return replace(cal, flops_eff_bf16=cal.flops_eff_fp8)
     return cal
@@ -200,6 +202,7 @@ def identifiable(rows: list[dict]) -> list[str]:
     # a GEMM efficiency needs rows of its format from more than one setup: three rows of one
     # sweep (Qwen3-32B fp8) would fit its prefill quirks, not the format (else: tied, `_tied`)
     quants = {q for q, n in counts.items() if n >= MIN_FORMAT_ROWS}
+    fp4_gemms = sum(_prepared(r)[1].compute_dtype == "fp4" for r in rows) >= MIN_FORMAT_ROWS
     moe = any(family(r["model"]) == "gpt-oss" or "-A" in r["model"] for r in rows)
     names = []
     for n in PARAMS:
@@ -208,6 +211,8 @@ def identifiable(rows: list[dict]) -> list[str]:
         if n == "flops_eff_bf16" and "bf16" not in quants:
             continue
         if n == "flops_eff_fp8" and "fp8" not in quants:
+            continue
+        if n == "flops_eff_fp4" and not fp4_gemms:
             continue
         names.append(n)
     return names
@@ -268,30 +273,22 @@ def class_cv(rows: list[dict], cls: str, iters: int) -> list[tuple[str, int, flo
     (from its shipped calibration, so nothing of the held-out family leaks in) on the other
     families, predict the held-out one. Returns (family, n, TPOT shipped, TTFT shipped, TPOT
     fitted-without-it, TTFT fitted-without-it) per family and a pooled "all" row. A class whose
-    rows are FP4 GEMMs (Blackwell) fits flops_eff_fp4 as well."""
+    rows run FP4 GEMMs (Blackwell) fits flops_eff_fp4 as well (`identifiable`)."""
     sane = [r for r in rows if int(r["concurrency"]) <= 256
             and perf.gpu_class(_prepared(r)[1].gpu_name) == cls]
-    base = perf.CALIBRATIONS.get(cls) or perf.calibration_for(_prepared(sane[0])[1].gpu_name)
-    fp4 = sum(_prepared(r)[1].compute_dtype == "fp4" for r in sane) >= MIN_FORMAT_ROWS
-    saved = dict(PARAMS)
-    if fp4:
-        PARAMS["flops_eff_fp4"] = 1.0
+    base = perf.calibration_for(_prepared(sane[0])[1].gpu_name)
     out, pooled_s, pooled_f = [], [], []
-    try:
-        for fam in sorted({family(r["model"]) for r in sane}):
-            held = [r for r in sane if family(r["model"]) == fam]
-            train = [r for r in sane if family(r["model"]) != fam]
-            names = identifiable(train) + (["flops_eff_fp4"] if fp4 else [])
-            x0 = [getattr(base, n) / PARAMS[n] for n in names]
-            x = nelder_mead(_objective(train, base, names), x0, iters=iters)
-            cal = replace(base, **{n: v * PARAMS[n] for n, v in zip(names, x)})
-            es, ef = errors(held, base), errors(held, cal)
-            pooled_s += es
-            pooled_f += ef
-            out.append((fam, len(held), _mape(es, 0), _mape(es, 1), _mape(ef, 0), _mape(ef, 1)))
-    finally:
-        PARAMS.clear()
-        PARAMS.update(saved)
+    for fam in sorted({family(r["model"]) for r in sane}):
+        held = [r for r in sane if family(r["model"]) == fam]
+        train = [r for r in sane if family(r["model"]) != fam]
+        names = identifiable(train)
+        x0 = [getattr(base, n) / PARAMS[n] for n in names]
+        x = nelder_mead(_objective(train, base, names), x0, iters=iters)
+        cal = replace(base, **{n: v * PARAMS[n] for n, v in zip(names, x)})
+        es, ef = errors(held, base), errors(held, cal)
+        pooled_s += es
+        pooled_f += ef
+        out.append((fam, len(held), _mape(es, 0), _mape(es, 1), _mape(ef, 0), _mape(ef, 1)))
     out.append(("all", len(pooled_s), _mape(pooled_s, 0), _mape(pooled_s, 1), _mape(pooled_f, 0),
                 _mape(pooled_f, 1)))
     return out

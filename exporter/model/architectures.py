@@ -579,7 +579,7 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             quantization, qnote = quant_from_config(cfg)
         if qnote:
             notes.append(f"quantization_config: {qnote}")
-    skip = quant_skip_from_config(outer) or quant_skip_from_config(cfg) if quantization else frozenset()
+    skip = (quant_skip_from_config(outer) or quant_skip_from_config(cfg)) if quantization else frozenset()
     if skip:
         notes.append("left in the model dtype by the checkpoint's quantization: "
                      + ", ".join(x for x in QUANT_SKIP_PARTS if x in skip))

@@ -391,9 +391,9 @@ def _ttft_informative(prior: Calibration, meas: Sequence[Measurement]
         if m.ttft_s:
             p = m.predict(prior)
             cliff = m.peak_pool_share > 1.0 and m.ttft_s > 2.0 * p.ttft_s
-            stalls = (p.saturated and p.binding == "KV capacity" and m.tpot_s
-                      and p.tpot_s > STALL_SHARE_ASIDE * p.step_time_s)
-            if cliff or stalls or (p.saturated and p.binding == "KV capacity" and math.isfinite(p.ttft_s)
+            past_pool = p.saturated and p.binding == "KV capacity"
+            stalls = past_pool and m.tpot_s and p.tpot_s > STALL_SHARE_ASIDE * p.step_time_s
+            if cliff or stalls or (past_pool and math.isfinite(p.ttft_s)
                                    and p.queue_wait_s < p.ttft_s - p.queue_wait_s):
                 m = replace(m, ttft_s=None, tpot_s=None if (cliff or stalls) and len(meas) > 1 else m.tpot_s)
                 aside.append(m.label)
