@@ -129,6 +129,18 @@ class TargetSpec(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)  # extra discovery labels, kept as hints
     source: str = "static"
 
+    @field_validator("max_num_batched_tokens", mode="before")
+    @classmethod
+    def _token_count(cls, v: Any) -> Any:
+        """As vLLM's flag reads it: `16k` is 16,000, `16K` 16,384."""
+        if isinstance(v, str):
+            from exporter.discovery.vllm_args import token_count   # here: discovery imports config
+            try:
+                return token_count(v)
+            except ValueError as exc:
+                raise ValueError(f"max_num_batched_tokens: {exc}") from None
+        return v
+
     @property
     def key(self) -> str:
         return self.url

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from exporter.discovery import vllm_args
 from exporter.errors import CatalogError, InputError
 from exporter.model.calibrate import choose_kv_cache, fit_setup as fit_calibration, read_rows
 from exporter.model.gpus import device_for_cli
@@ -79,9 +80,14 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                  "weights given with --quantization, as such deployments run; "
                                                  "otherwise auto, vLLM's own)")),
     ("engine flags", ("--gpu-memory-utilization",), dict(type=float, metavar="F", help="default: vLLM's for the version")),
-    ("engine flags", ("--max-model-len",), dict(type=int, metavar="N", help="default: the model's max position embeddings")),
+    ("engine flags", ("--max-model-len",), dict(type=lambda t: _flag_value(vllm_args.max_model_len, t), metavar="N",
+                                                help="as vLLM reads it (32k = 32,000, 32K = 32,768; auto or -1: the "
+                                                     "largest the KV cache holds); default: the model's max position "
+                                                     "embeddings, lowered to what fits")),
     ("engine flags", ("--max-num-seqs",), dict(type=int, metavar="N", help="default: vLLM's for the GPU and version")),
-    ("engine flags", ("--max-num-batched-tokens",), dict(type=int, metavar="N", help="default: vLLM's for the GPU and version")),
+    ("engine flags", ("--max-num-batched-tokens",), dict(type=lambda t: _flag_value(vllm_args.token_count, t),
+                                                         metavar="N", help="as vLLM reads it (16k, 16K); default: "
+                                                                           "vLLM's for the GPU and version")),
     ("engine flags", ("--block-size",), dict(type=int, metavar="N", help="KV block size in tokens (default 16)")),
     ("traffic", ("--profile",), dict(metavar="NAME", help="workload preset: " + ", ".join(profiles())
                                      + " (any traffic/SLO flag overrides it; --list-profiles)")),
@@ -110,6 +116,14 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                  "(needs the [report] extra: pip install 'vllm-drift[report]')")),
     ("output", ("--json",), dict(action="store_true", help="print one JSON document")),
 ]
+
+
+def _flag_value(conv: Any, text: str) -> int:
+    """A flag value read as vLLM reads it; argparse reports the ValueError's message (exit 2)."""
+    try:
+        return conv(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -259,17 +273,24 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
         notes.append(f"KV cache fp8 assumed for {setup.quantization} weights, as such checkpoints are served "
                      "(ModelOpt's carry FP8 KV scales; benchmark recipes pass --kv-cache-dtype fp8); "
                      "pass --kv-cache-dtype auto for vLLM's default with a runtime --quantization")
-    if args.max_model_len is not None:   # checked in run(): refused, but --json still prints
+    auto = args.max_model_len == vllm_args.AUTO
+    if args.max_model_len is not None and not auto:   # checked in run(): refused, but --json still prints
         return setup, kv_capacity(setup, check_fits=False), notes
     loose = kv_capacity(setup, check_fits=False)
     if loose.blocks_per_request <= loose.gpu_blocks:
+        if auto:
+            notes.append(f"max_model_len auto: the model's {setup.max_model_len} fits the KV cache")
         return setup, loose, notes
     largest = largest_max_model_len(setup, loose.gpu_blocks)
     if largest < 1:
         return setup, kv_capacity(setup), notes   # raises with vLLM's message
     fitted = dataclasses.replace(setup, max_model_len=largest)
-    notes.append(f"the model's default max_model_len {setup.max_model_len} does not fit the KV cache; "
-                 f"using the largest that does, {largest} (pass --max-model-len to choose)")
+    if auto:   # vLLM's auto-fit logs "Auto-fit max_model_len: reduced from X to Y"
+        notes.append(f"max_model_len auto: reduced from {setup.max_model_len} to {largest}, the largest the "
+                     f"KV cache holds, as vLLM's auto-fit does")
+    else:
+        notes.append(f"the model's default max_model_len {setup.max_model_len} does not fit the KV cache; "
+                     f"using the largest that does, {largest} (pass --max-model-len to choose)")
     return fitted, kv_capacity(fitted), notes
 
 

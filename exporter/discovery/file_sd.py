@@ -17,10 +17,12 @@ import yaml
 from pydantic import ValidationError
 
 from exporter.config import TargetSpec
+from exporter.discovery.vllm_args import token_count
 from exporter.errors import ConfigError
 
 _HINTS = {"gpu": str, "tp": int, "pp": int, "model": str, "quantization": str,
-          "max_num_seqs": int, "max_num_batched_tokens": int, "name": str}
+          "max_num_seqs": int, "max_num_batched_tokens": token_count, "name": str}
+_EXPECTED = {int: "an integer", str: "a string", token_count: "a token count (8192, 16k, 16K)"}
 
 
 def parse_file_sd(path: str, text: str) -> list[TargetSpec]:
@@ -53,7 +55,7 @@ def parse_file_sd(path: str, text: str) -> list[TargetSpec]:
                 try:
                     hints[key] = conv(labels[key])
                 except ValueError:
-                    raise ConfigError(f"{where}.labels.{key}: expected {conv.__name__}, got {labels[key]!r}") from None
+                    raise ConfigError(f"{where}.labels.{key}: expected {_EXPECTED[conv]}, got {labels[key]!r}") from None
         extra = {k: v for k, v in labels.items() if k not in _HINTS and not k.startswith("__")}
         for ti, target in enumerate(group["targets"]):
             url = str(target)

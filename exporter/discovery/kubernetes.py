@@ -41,7 +41,7 @@ import structlog
 from pydantic import ValidationError
 
 from exporter.config import KubernetesConfig, TargetSpec
-from exporter.discovery.vllm_args import parse_vllm_args
+from exporter.discovery.vllm_args import parse_vllm_args, token_count
 from exporter.telemetry.gpu_product import catalog_gpu
 
 log = structlog.get_logger("vllm_drift.kubernetes")
@@ -49,10 +49,10 @@ log = structlog.get_logger("vllm_drift.kubernetes")
 ANNOTATION_PREFIX = "vllm-drift.io/"
 GPU_PRODUCT_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator")
 # hint key -> (annotation/label suffix, type)
-_POD_HINTS: dict[str, tuple[str, type]] = {
+_POD_HINTS: dict[str, tuple[str, Any]] = {
     "gpu": ("gpu", str), "tp": ("tp", int), "pp": ("pp", int), "model": ("model", str),
     "quantization": ("quantization", str), "max_num_seqs": ("max-num-seqs", int),
-    "max_num_batched_tokens": ("max-num-batched-tokens", int), "port": ("port", int),
+    "max_num_batched_tokens": ("max-num-batched-tokens", token_count), "port": ("port", int),
     "scheme": ("scheme", str),
 }
 # argv hints that are not TargetSpec fields ride along as string labels

@@ -11,8 +11,47 @@ as `--model X` or as the positional of `vllm serve X`, and a shell wrapper
 """
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Sequence
+
+# vLLM's human-readable token counts (`--max-num-batched-tokens 16k`, `--max-model-len 32K`):
+# a lower-case suffix multiplies by a power of 1000 and takes decimals (25.6k = 25,600), an
+# upper-case one by a power of 1024 and takes whole numbers only (vllm/utils/argparse_utils.py
+# `human_readable_int`)
+_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+AUTO = -1   # `--max-model-len auto` (or -1): the largest length the KV cache holds
+
+
+def token_count(text: str) -> int:
+    """A token count as vLLM's flags read it: `8192`, `16k` (16,000), `32K` (32,768), `1.5m`.
+    ValueError names what is wrong (a decimal before a binary suffix: vLLM refuses `1.5K`)."""
+    value = str(text).strip()
+    m = _HUMAN.fullmatch(value)
+    if m is None:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a token count (8192, 16k = 16,000, 16K = 16,384)") from None
+    number, suffix = m.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise ValueError(f"decimals are not allowed with the binary suffix {suffix} "
+                         f"(did you mean {number}{suffix.lower()}?)")
+    return int(number) * _BINARY[suffix]
+
+
+def max_model_len(text: str) -> int:
+    """`--max-model-len` as vLLM reads it: a token count, or `auto` / `-1` (AUTO): the largest
+    length the KV cache holds, at most the model's own (vLLM's auto-fit, late 2025 releases)."""
+    value = str(text).strip()
+    if value == "-1" or value.lower() == "auto":
+        return AUTO
+    return token_count(value)
+
 
 # flag (dashes, no leading --) -> hint key; value type
 _VALUE_FLAGS: dict[str, tuple[str, type]] = {
@@ -21,7 +60,7 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "pipeline-parallel-size": ("pp", int),
     "data-parallel-size": ("dp", int),
     "max-num-seqs": ("max_num_seqs", int),
-    "max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "max-num-batched-tokens": ("max_num_batched_tokens", token_count),
     "max-model-len": ("max_model_len", str),   # vLLM accepts `32k` too; kept as written
     "gpu-memory-utilization": ("gpu_memory_utilization", float),
     "quantization": ("quantization", str),

@@ -275,15 +275,10 @@ def rank_tiers(model: Any, traffic: Traffic, slo: SLO | None = None, *,
                 setup = Setup.build(model, gpu, tp=tp, quantization=quantization,
                                     kv_cache_dtype=kv_cache_dtype, vllm_version=vllm_version,
                                     max_model_len=min(mml, _arch(model).max_position_embeddings))
-            except InputError as exc:
+            except InputError as exc:   # incl. a TP vLLM refuses (heads not divisible by it)
                 if is_cur:
                     out.append(Tier(name, tp, 0, 0.0, None, False, 0, 0.0, str(exc), current=True))
                 continue
-            if tp > 1 and setup.model.num_heads % tp:
-                if is_cur:
-                    out.append(Tier(name, tp, 0, 0.0, None, False, 0, 0.0,
-                                    "attention heads not divisible by TP", current=True))
-                continue  # vLLM needs attention heads divisible by TP
             rate, b, p, why = replica_capacity(setup, traffic, slo)
             if rate <= 0:
                 if p is None and not is_cur:

@@ -130,6 +130,7 @@ class Setup:
             raise InputError(f"--tp/--pp/--data-parallel must be >= 1 (got tp={tp}, pp={pp}, dp={dp})")
         if pp > arch.num_layers:
             raise InputError(f"--pp {pp} exceeds the model's {arch.num_layers} layers")
+        check_tp(arch, tp)
         d = _DTYPES.get((dtype or "auto").lower())
         if d is None:
             raise InputError(f"--dtype: unknown dtype {dtype!r}; one of {', '.join(sorted(_DTYPES))}")
@@ -159,9 +160,10 @@ class Setup:
         mem = dev.memory_gib if gpu_memory_gib is None else float(gpu_memory_gib)
         if mem <= 0:
             raise InputError(f"--gpu-memory-gib must be positive (got {mem})")
-        mml = int(max_model_len) if max_model_len else arch.max_position_embeddings
-        if mml < 1:
-            raise InputError(f"--max-model-len must be positive (got {mml})")
+        # None, or -1 (`--max-model-len auto`, which the caller fits to the pool): the model's own
+        if max_model_len is not None and max_model_len != -1 and max_model_len < 1:
+            raise InputError(f"--max-model-len must be positive, or auto / -1 (got {max_model_len})")
+        mml = arch.max_position_embeddings if max_model_len in (None, -1) else int(max_model_len)
         v0 = version < V1_DEFAULT
         if v0:
             seqs = max_num_seqs or 256
@@ -189,6 +191,23 @@ class Setup:
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
                    block_size=bs, vllm_version=version, enable_chunked_prefill=chunked,
                    dp=int(dp), expert_parallel=bool(expert_parallel) and arch.is_moe)
+
+
+def check_tp(arch: ModelArch, tp: int) -> None:
+    """Refuse a tensor-parallel size vLLM refuses: the attention heads must divide evenly
+    (`ModelConfig.verify_with_parallel_config`: "Total number of attention heads (32) must be
+    divisible by tensor parallel size (3)."), and so must the KV heads, or TP be a multiple of
+    them, each rank then holding a replica (`QKVParallelLinear` asserts one or the other). MLA
+    keeps one latent KV head, replicated on every rank."""
+    if tp <= 1 or arch.num_heads <= 0:
+        return
+    if arch.num_heads % tp:
+        raise InputError(f"Total number of attention heads ({arch.num_heads}) must be divisible by tensor "
+                         f"parallel size ({tp}): vLLM refuses to start {arch.name} at --tp {tp}")
+    kv = arch.num_kv_heads
+    if kv > 0 and (tp % kv if tp >= kv else kv % tp):
+        raise InputError(f"{arch.name}'s {kv} KV heads cannot be split over tensor parallel size {tp} "
+                         f"(vLLM needs one to divide the other): vLLM refuses to start it at --tp {tp}")
 
 
 FP8_KV_DEPLOYED = ("fp8", "nvfp4", "mxfp4")   # weight formats deployed with an FP8 KV cache

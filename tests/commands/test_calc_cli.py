@@ -137,3 +137,48 @@ def test_default_max_model_len_is_fitted_but_an_explicit_one_is_not():
     assert doc["kv_cache"]["max_concurrency"] >= 1.0
     bad = calc(*base, "--max-model-len", "131072")
     assert bad.returncode == 2 and f"estimated maximum model length is {fitted}" in bad.stderr
+
+
+@pytest.mark.parametrize("model, tp, says", [
+    # vLLM's ModelConfig.verify_with_parallel_config
+    ("meta-llama/Llama-3.1-8B-Instruct", "3", "Total number of attention heads (32) must be divisible by "
+                                              "tensor parallel size (3)"),
+    # 28 query heads split over 7 ranks, but 4 KV heads neither divide 7 nor are divided by it
+    ("Qwen/Qwen2.5-7B-Instruct", "7", "4 KV heads cannot be split over tensor parallel size 7"),
+])
+def test_a_tp_vllm_refuses_is_refused(model, tp, says):
+    out = calc("--model", model, "--gpu", "H100", "--tp", tp, "--max-model-len", "4096", "--json")
+    assert out.returncode == 2 and out.stdout == ""
+    assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    # the same model at a TP vLLM runs (Llama's 8 KV heads replicated twice over 16 ranks)
+    ok = calc("--model", model, "--gpu", "H100", "--tp", "16" if tp == "3" else "4", "--max-model-len", "4096")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_token_counts_are_read_as_vllm_reads_them():
+    """`--max-model-len` and `--max-num-batched-tokens` take vLLM's own syntax: 32k is 32,000 and
+    32K 32,768, and `auto` / -1 is vLLM's auto-fit (the model's length, lowered to the largest
+    the KV cache holds); what vLLM refuses exits 2 with the reason."""
+    def doc(*extra):
+        out = calc("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", *extra, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout), out.stderr
+    assert doc("--max-model-len", "32k")[0]["setup"]["max_model_len"] == 32000
+    assert doc("--max-model-len", "32K")[0]["setup"]["max_model_len"] == 32768
+    assert doc("--max-num-batched-tokens", "4k", "--max-model-len", "4096")[0]["setup"]["max_num_batched_tokens"] == 4000
+    auto, err = doc("--max-model-len", "auto")
+    default, _ = doc()                   # the default is fitted the same way, with another note
+    fitted = auto["setup"]["max_model_len"]
+    assert fitted == default["setup"]["max_model_len"] and 4096 < fitted < 131072
+    assert f"reduced from 131072 to {fitted}" in err and auto["kv_cache"]["fits"]
+    assert doc("--max-model-len", "-1")[0]["setup"]["max_model_len"] == fitted
+    # one token more than the fit is refused as vLLM refuses it
+    over = calc("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len", str(fitted + 16))
+    assert over.returncode == 2 and f"estimated maximum model length is {fitted}" in over.stderr
+    # auto keeps the model's own length where it fits
+    small, err = doc("--max-model-len", "auto", "--gpu", "H200")
+    assert small["setup"]["max_model_len"] == 131072 and "fits the KV cache" in err
+    for bad, says in (("1.5K", "decimals are not allowed with the binary suffix K"), ("0", "must be positive"),
+                      ("lots", "not a token count")):
+        out = calc(*LLAMA_H100[:-4], "--max-model-len", bad)
+        assert out.returncode == 2 and says in out.stderr, out.stderr

@@ -21,6 +21,24 @@ def test_file_sd_json_and_yaml_with_hints(tmp_path):
     assert specs["https://vllm.example:443"].model == "Qwen/Qwen3-8B"
 
 
+def test_token_counts_are_read_as_vllm_reads_them(tmp_path):
+    """`16k` in a file_sd label, a static target or a vLLM flag is 16,000 and `16K` 16,384, as
+    vLLM's own parser has it; what vLLM refuses is an error naming the entry."""
+    (tmp_path / "t.yaml").write_text("- targets: ['h1:8000']\n  labels: {max_num_batched_tokens: 16k}\n"
+                                     "- targets: ['h2:8000']\n  labels: {max_num_batched_tokens: 16K}\n")
+    specs = {s.url: s for s in FileSDSource([str(tmp_path / "t.yaml")]).targets()}
+    assert specs["http://h1:8000"].max_num_batched_tokens == 16000
+    assert specs["http://h2:8000"].max_num_batched_tokens == 16384
+    cfg = config_from_dict({"targets": [{"url": "http://h3:8000", "max_num_batched_tokens": "2.5k"}]})
+    assert cfg.targets[0].max_num_batched_tokens == 2500
+    errors = []
+    (tmp_path / "t.yaml").write_text("- targets: ['h1:8000']\n  labels: {max_num_batched_tokens: 1.5K}\n")
+    os.utime(tmp_path / "t.yaml", (time.time() + 5, time.time() + 5))
+    src = FileSDSource([str(tmp_path / "t.yaml")], on_error=lambda s, m: errors.append(m))
+    assert src.targets() == []
+    assert "[0].labels.max_num_batched_tokens: expected a token count" in errors[0] and "'1.5K'" in errors[0]
+
+
 def test_file_sd_changes_are_picked_up_and_bad_files_keep_last_good(tmp_path):
     f = tmp_path / "t.json"
     f.write_text(json.dumps([{"targets": ["h1:8000"]}]))

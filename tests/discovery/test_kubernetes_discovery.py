@@ -207,6 +207,11 @@ def test_missing_kubeconfig_is_reported_not_fatal(tmp_path):
     (["vllm", "serve", "m/w", "--served-model-name", "a", "b", "--quantization", "fp8", "--gpu-memory-utilization", "0.85"],
      {"model": "m/w", "served_model_name": "a", "quantization": "fp8", "gpu_memory_utilization": 0.85}),
     (["vllm", "serve", "m/v", "--tensor-parallel-size", "lots"], {"model": "m/v"}),
+    # vLLM's human-readable counts: lower-case suffixes are powers of 1000, upper-case of 1024
+    (["vllm", "serve", "m/u", "--max-num-batched-tokens", "16k", "--max-model-len", "32K"],
+     {"model": "m/u", "max_num_batched_tokens": 16000, "max_model_len": "32K"}),
+    (["vllm", "serve", "m/t", "--max-num-batched-tokens=8K"], {"model": "m/t", "max_num_batched_tokens": 8192}),
+    (["vllm", "serve", "m/s", "--max-num-batched-tokens", "1.5K"], {"model": "m/s"}),   # vLLM refuses it too
 ])
 def test_vllm_args(argv, expected):
     assert parse_vllm_args(argv) == expected
