@@ -24,7 +24,7 @@ from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
-from exporter.model.setup import Setup
+from exporter.model.setup import KV_CACHE_MEMORY_BYTES, Setup
 from exporter.model.traffic import SLO, lengths_from_file
 from exporter.model import tradeoff
 
@@ -80,6 +80,9 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                  "weights given with --quantization, as such deployments run; "
                                                  "otherwise auto, vLLM's own)")),
     ("engine flags", ("--gpu-memory-utilization",), dict(type=float, metavar="F", help="default: vLLM's for the version")),
+    ("engine flags", ("--kv-cache-memory-bytes",), dict(type=lambda t: _flag_value(vllm_args.token_count, t),
+                                                        metavar="BYTES", help="KV cache per GPU as given, ignoring "
+                                                        "--gpu-memory-utilization (40G = 40 GiB, 40g = 40e9 bytes)")),
     ("engine flags", ("--max-model-len",), dict(type=lambda t: _flag_value(vllm_args.max_model_len, t), metavar="N",
                                                 help="as vLLM reads it (32k = 32,000, 32K = 32,768; auto or -1: the "
                                                      "largest the KV cache holds); default: the model's max position "
@@ -253,7 +256,8 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         vllm_version=args.vllm_version, dp=getattr(args, "data_parallel", 1) or 1,
-        expert_parallel=bool(getattr(args, "enable_expert_parallel", False)))
+        expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
+        kv_cache_memory_bytes=getattr(args, "kv_cache_memory_bytes", None))
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -273,6 +277,9 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
         notes.append(f"KV cache fp8 assumed for {setup.quantization} weights, as such checkpoints are served "
                      "(ModelOpt's carry FP8 KV scales; benchmark recipes pass --kv-cache-dtype fp8); "
                      "pass --kv-cache-dtype auto for vLLM's default with a runtime --quantization")
+    if setup.kv_cache_memory_bytes and setup.vllm_version < KV_CACHE_MEMORY_BYTES:
+        notes.append(f"--kv-cache-memory-bytes: vLLM {'.'.join(map(str, setup.vllm_version))} may not have it "
+                     f"(added by vllm PR #21489, July 2025); the pool is the bytes as given")
     auto = args.max_model_len == vllm_args.AUTO
     if args.max_model_len is not None and not auto:   # checked in run(): refused, but --json still prints
         return setup, kv_capacity(setup, check_fits=False), notes
@@ -307,7 +314,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "gpu_memory_gib": setup.gpu_memory_gib, "max_model_len": setup.max_model_len,
             "max_num_seqs": setup.max_num_seqs,
             "max_num_batched_tokens": setup.max_num_batched_tokens,
-            "block_size": setup.block_size,
+            "block_size": setup.block_size, "kv_cache_memory_bytes": setup.kv_cache_memory_bytes,
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
         },
         "kv_cache": {

@@ -355,8 +355,15 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
     """Predict vLLM's startup KV-cache lines for `setup`.
 
     Raises InputError when the weights do not fit, or when one max_model_len request does not
-    fit the pool (naming the largest max_model_len that would, as vLLM does)."""
-    requested = setup.gpu_memory_utilization * setup.gpu_memory_gib * GIB
+    fit the pool (naming the largest max_model_len that would, as vLLM does).
+
+    `--kv-cache-memory-bytes` sets the pool on every rank as given: vLLM still runs the profile
+    (it compiles for max_num_batched_tokens) but skips the accounting and ignores
+    gpu_memory_utilization (`determine_available_memory` returns the bytes); what must still fit
+    is the device: weights, activations, non-torch memory, CUDA graphs and that pool."""
+    fixed = setup.kv_cache_memory_bytes
+    total = setup.gpu_memory_gib * GIB
+    requested = total if fixed else setup.gpu_memory_utilization * total
     groups = kv_groups(setup)
     stages = _stage_layers(setup.model.num_layers, setup.pp)
     best = None
@@ -365,7 +372,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         a = activation_bytes(setup, stage)
         nt = non_torch_bytes(setup)
         cg = cudagraph_bytes(setup)
-        avail = requested - (w + a + nt + cg)
+        avail = float(fixed) if fixed else requested - (w + a + nt + cg)
         layers_here = math.ceil(groups.group_size * stages[stage] / setup.model.num_layers)
         if setup.v0:
             blocks = int(avail // (groups.page_bytes * max(1, stages[stage] * _attn_share(setup))))
@@ -375,11 +382,19 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
             best = (blocks, w, a, nt, cg, avail, layers_here)
     blocks, w, a, nt, cg, avail, layers_here = best
     if w > requested:
+        allows = (f"the device has {_gib(requested)} GiB" if fixed else
+                  f"gpu_memory_utilization {setup.gpu_memory_utilization} x {setup.gpu_memory_gib} GiB "
+                  f"allows {_gib(requested)} GiB")
         raise InputError(
-            f"the weights alone need {_gib(w)} GiB per GPU but gpu_memory_utilization "
-            f"{setup.gpu_memory_utilization} x {setup.gpu_memory_gib} GiB allows {_gib(requested)} "
-            f"GiB: {setup.model.name} does not fit on {setup.num_gpus} x {setup.gpu.name} "
-            f"(tp={setup.tp}, pp={setup.pp}); use more GPUs, a bigger GPU or quantization")
+            f"the weights alone need {_gib(w)} GiB per GPU but {allows}: {setup.model.name} does not "
+            f"fit on {setup.num_gpus} x {setup.gpu.name} (tp={setup.tp}, pp={setup.pp}); use more GPUs, "
+            f"a bigger GPU or quantization")
+    if fixed and w + a + nt + cg + fixed > total:
+        raise InputError(
+            f"--kv-cache-memory-bytes {_gib(fixed)} GiB does not fit beside weights {_gib(w)} + "
+            f"activation {_gib(a)} + non-torch {_gib(nt)} + CUDA graphs {_gib(cg)} GiB in the "
+            f"{_gib(total)} GiB of {setup.gpu.name} (vLLM would run out of memory allocating it); "
+            f"the most is about {_gib(total - (w + a + nt + cg))} GiB")
     if avail <= 0:
         raise InputError(
             f"no memory left for the KV cache: weights {_gib(w)} + activation {_gib(a)} + "
@@ -411,7 +426,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         max_concurrency=max_conc,
         memory=MemoryBreakdown(weights_gib=w / GIB, activation_gib=a / GIB, non_torch_gib=nt / GIB,
                                cudagraph_gib=cg / GIB, kv_cache_gib=kv_gib,
-                               requested_gib=requested / GIB),
+                               requested_gib=(w + a + nt + cg + fixed if fixed else requested) / GIB),
         block_size=bs, num_groups=len(groups.kinds), blocks_per_request=per_request)
 
 

@@ -23,6 +23,7 @@ SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR
 UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vllm PR #38284) [release unverified]
 KV_FROM_CHECKPOINT = (0, 13, 0)  # `--kv-cache-dtype auto` follows the checkpoint's KV scheme (vllm PR #29980, merged Dec 2025) [release inferred from the merge date]
 CUDAGRAPH_ESTIMATE = (0, 21, 0)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default (vllm PR #41099)
+KV_CACHE_MEMORY_BYTES = (0, 10, 1)  # --kv-cache-memory-bytes (vllm PR #21489, July 2025) [release unverified]
 TOKENS_FROM_CONCURRENCY = (0, 21, 0)  # "GPU KV cache size" = max_concurrency x max_model_len (PR #40694) [release unverified]
 DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is calibrated on
 # V0 worker before the `memory_profiling` refactor (vllm PR #9352, v0.6.4): non-torch memory was
@@ -74,6 +75,7 @@ class Setup:
     enable_chunked_prefill: bool = True
     dp: int = 1                      # data-parallel engines (--data-parallel-size)
     expert_parallel: bool = False    # --enable-expert-parallel: whole experts per rank
+    kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes: the pool per GPU, as given
 
     @property
     def moe_ranks(self) -> int:
@@ -119,7 +121,7 @@ class Setup:
               max_model_len: int | None = None, max_num_seqs: int | None = None,
               max_num_batched_tokens: int | None = None, block_size: int | None = None,
               vllm_version: str | tuple | None = None, dp: int = 1,
-              expert_parallel: bool = False) -> "Setup":
+              expert_parallel: bool = False, kv_cache_memory_bytes: int | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -186,11 +188,14 @@ class Setup:
         bs = int(block_size) if block_size else 16
         if bs < 1:
             raise InputError(f"--block-size must be positive (got {bs})")
+        if kv_cache_memory_bytes is not None and kv_cache_memory_bytes < 1:
+            raise InputError(f"--kv-cache-memory-bytes must be positive (got {kv_cache_memory_bytes})")
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
                    block_size=bs, vllm_version=version, enable_chunked_prefill=chunked,
-                   dp=int(dp), expert_parallel=bool(expert_parallel) and arch.is_moe)
+                   dp=int(dp), expert_parallel=bool(expert_parallel) and arch.is_moe,
+                   kv_cache_memory_bytes=int(kv_cache_memory_bytes) if kv_cache_memory_bytes else None)
 
 
 def check_tp(arch: ModelArch, tp: int) -> None:

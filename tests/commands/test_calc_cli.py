@@ -182,3 +182,27 @@ def test_token_counts_are_read_as_vllm_reads_them():
                       ("lots", "not a token count")):
         out = calc(*LLAMA_H100[:-4], "--max-model-len", bad)
         assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
+def test_kv_cache_memory_bytes_is_the_pool_whatever_the_utilization():
+    """`--kv-cache-memory-bytes` (vLLM's `determine_available_memory` returns it as given): the
+    pool is those bytes in whole blocks, gpu_memory_utilization does not move it, and a pool that
+    does not fit beside the weights is refused with the most that would."""
+    def doc(*extra):
+        out = calc(*LLAMA_H100, *extra, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+    given = doc("--kv-cache-memory-bytes", "20G")
+    page = 16 * given["kv_cache"]["bytes_per_token"]           # one 16-token block, every layer
+    assert given["kv_cache"]["gpu_blocks"] == 20 * 2**30 // page
+    assert given["kv_cache"]["tokens"] == given["kv_cache"]["gpu_blocks"] * 16
+    assert given["memory"]["kv_cache_gib"] == pytest.approx(20.0, abs=0.01)
+    assert doc("--kv-cache-memory-bytes", "20G", "--gpu-memory-utilization", "0.5")["kv_cache"] == given["kv_cache"]
+    assert doc("--kv-cache-memory-bytes", "20g")["kv_cache"]["gpu_blocks"] == 20 * 10**9 // page
+    assert given["setup"]["kv_cache_memory_bytes"] == 20 * 2**30
+    m = given["memory"]
+    most = 79.19 - m["weights_gib"] - m["activation_gib"] - m["non_torch_gib"] - m["cudagraph_gib"]
+    big = calc(*LLAMA_H100, "--kv-cache-memory-bytes", f"{int(most + 1)}G")
+    assert big.returncode == 2 and "does not fit beside weights" in big.stderr
+    assert f"the most is about {round(most, 2)}" in big.stderr
+    assert calc(*LLAMA_H100, "--kv-cache-memory-bytes", f"{int(most - 1)}G").returncode == 0
