@@ -83,6 +83,10 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("engine flags", ("--kv-cache-memory-bytes",), dict(type=lambda t: _flag_value(vllm_args.token_count, t),
                                                         metavar="BYTES", help="KV cache per GPU as given, ignoring "
                                                         "--gpu-memory-utilization (40G = 40 GiB, 40g = 40e9 bytes)")),
+    ("engine flags", ("--num-gpu-blocks-override",), dict(type=int, metavar="N", help="KV cache blocks per GPU as "
+                                                          "given (vLLM's testing override)")),
+    ("engine flags", ("--enforce-eager",), dict(action="store_true", help="no CUDA graphs: no graph memory, "
+                                                "and a step waits on the host launching its kernels")),
     ("engine flags", ("--max-model-len",), dict(type=lambda t: _flag_value(vllm_args.max_model_len, t), metavar="N",
                                                 help="as vLLM reads it (32k = 32,000, 32K = 32,768; auto or -1: the "
                                                      "largest the KV cache holds); default: the model's max position "
@@ -257,7 +261,9 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         vllm_version=args.vllm_version, dp=getattr(args, "data_parallel", 1) or 1,
         expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
-        kv_cache_memory_bytes=getattr(args, "kv_cache_memory_bytes", None))
+        kv_cache_memory_bytes=getattr(args, "kv_cache_memory_bytes", None),
+        num_gpu_blocks_override=getattr(args, "num_gpu_blocks_override", None),
+        enforce_eager=bool(getattr(args, "enforce_eager", False)))
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -315,6 +321,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "max_num_seqs": setup.max_num_seqs,
             "max_num_batched_tokens": setup.max_num_batched_tokens,
             "block_size": setup.block_size, "kv_cache_memory_bytes": setup.kv_cache_memory_bytes,
+            "num_gpu_blocks_override": setup.num_gpu_blocks_override, "enforce_eager": setup.enforce_eager,
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
         },
         "kv_cache": {

@@ -336,8 +336,9 @@ def non_torch_bytes(setup: Setup) -> float:
 
 
 def cudagraph_bytes(setup: Setup) -> float:
-    """The CUDA-graph pool estimate vLLM subtracts from the pool from v0.21 on (0 before)."""
-    if not setup.cudagraph_estimate_subtracted:
+    """The CUDA-graph pool estimate vLLM subtracts from the pool from v0.21 on (0 before, and
+    with --enforce-eager, which captures no graphs: `cudagraph_mode` NONE)."""
+    if not setup.cudagraph_estimate_subtracted or setup.enforce_eager:
         return 0.0
     c = CALIBRATION
     if setup.tp > 1 or (setup.dp > 1 and setup.model.is_moe):
@@ -360,8 +361,11 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
     `--kv-cache-memory-bytes` sets the pool on every rank as given: vLLM still runs the profile
     (it compiles for max_num_batched_tokens) but skips the accounting and ignores
     gpu_memory_utilization (`determine_available_memory` returns the bytes); what must still fit
-    is the device: weights, activations, non-torch memory, CUDA graphs and that pool."""
+    is the device: weights, activations, non-torch memory, CUDA graphs and that pool.
+    `--num-gpu-blocks-override N` replaces the blocks the accounting found by N (the pool is N
+    pages; "Overriding num_gpu_blocks=X with num_gpu_blocks_override=N"), with the same check."""
     fixed = setup.kv_cache_memory_bytes
+    override = setup.num_gpu_blocks_override
     total = setup.gpu_memory_gib * GIB
     requested = total if fixed else setup.gpu_memory_utilization * total
     groups = kv_groups(setup)
@@ -378,9 +382,15 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
             blocks = int(avail // (groups.page_bytes * max(1, stages[stage] * _attn_share(setup))))
         else:
             blocks = int(avail // groups.page_bytes // max(1, layers_here))
-        if best is None or blocks < best[0]:
+        if override:
+            blocks = override
+            avail = float(override * groups.page_bytes * (max(1, stages[stage] * _attn_share(setup))
+                                                          if setup.v0 else max(1, layers_here)))
+        if best is None or blocks < best[0] or (override and avail > best[5]):
             best = (blocks, w, a, nt, cg, avail, layers_here)
     blocks, w, a, nt, cg, avail, layers_here = best
+    if override:
+        fixed = int(avail)     # the pool those blocks take on the fullest rank
     if w > requested:
         allows = (f"the device has {_gib(requested)} GiB" if fixed else
                   f"gpu_memory_utilization {setup.gpu_memory_utilization} x {setup.gpu_memory_gib} GiB "
@@ -390,8 +400,10 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
             f"fit on {setup.num_gpus} x {setup.gpu.name} (tp={setup.tp}, pp={setup.pp}); use more GPUs, "
             f"a bigger GPU or quantization")
     if fixed and w + a + nt + cg + fixed > total:
+        what = (f"--num-gpu-blocks-override {override} ({_gib(fixed)} GiB)" if override
+                else f"--kv-cache-memory-bytes {_gib(fixed)} GiB")
         raise InputError(
-            f"--kv-cache-memory-bytes {_gib(fixed)} GiB does not fit beside weights {_gib(w)} + "
+            f"{what} does not fit beside weights {_gib(w)} + "
             f"activation {_gib(a)} + non-torch {_gib(nt)} + CUDA graphs {_gib(cg)} GiB in the "
             f"{_gib(total)} GiB of {setup.gpu.name} (vLLM would run out of memory allocating it); "
             f"the most is about {_gib(total - (w + a + nt + cg))} GiB")

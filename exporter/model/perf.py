@@ -176,6 +176,16 @@ MOE_TOKEN_LAYER_S = 0.15e-6
 MOE_STREAM_CAP_TBPS = {("hopper", "mxfp4"): 3.35, ("hopper", "int4"): 3.35, ("blackwell", "int4"): 3.35}
 
 
+# --enforce-eager: no CUDA graphs, so the host launches every kernel of every layer each step and
+# the GPU waits on it when its own work is shorter: a step takes the longer of the GPU time and
+# the launches. ~300 us of launches per decoder layer, from two public eager-vs-graph pairs:
+# Llama-2-7B at batch 1 on A100, 12 ms per token eager against 10.5 with graphs (vllm PR #1926,
+# GPU-bound at 10.5: the eager step is the launches, ~340 us per layer over 32); Qwen2.5-7B
+# (Qwen2.5-Omni's thinker) on 2 x A800, 22 ms eager against 13 (vllm-omni issue #7960). A prior
+# [two measurements, not fitted]: the host CPU sets it.
+EAGER_LAYER_LAUNCH_S = 300e-6
+
+
 _FIT_SOURCE = ("Nelder-Mead fit of the objective in benchmarks/accuracy_latency.py (--fit reruns it) on "
                "../shared/fixtures/throughput-observations.csv, H100-SXM and H200-SXM rows, c <= 256")
 
@@ -295,6 +305,7 @@ class Shape:
                                     # stream expert weights at (0: the GPU's bandwidth)
     allreduce_hops: float = 1.0     # latency multiple of one all-reduce: 1 with vLLM's one-shot
                                     # custom all-reduce, tp-1 for NCCL's ring on >2 PCIe GPUs
+    eager_launch_s: float = 0.0     # --enforce-eager: host time launching one step's kernels
 
 
 def _flops_eff(cal: Calibration, shape: Shape) -> float:
@@ -362,6 +373,9 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
         per_ar = cal.layer_sync_s * shape.allreduce_hops + (2.0 * (shape.tp - 1) / shape.tp * tokens
                                      * shape.allreduce_bytes_per_token / shape.link_bytes_per_s)
         t += 2 * shape.n_layers * per_ar
+    if shape.eager_launch_s:
+        # without CUDA graphs the GPU runs no faster than the host launches its kernels
+        t = max(t, cal.step_overhead_s + cal.per_seq_s * seqs + shape.eager_launch_s)
     return t
 
 
@@ -666,6 +680,7 @@ def shape_for(setup: Any) -> Shape:
         expert_stream_bps=MOE_STREAM_CAP_TBPS.get((cls, fmt), 0.0) * 1e12,
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,
+        eager_launch_s=EAGER_LAYER_LAUNCH_S * m.num_layers if getattr(setup, "enforce_eager", False) else 0.0,
     )
 
 

@@ -76,6 +76,8 @@ class Setup:
     dp: int = 1                      # data-parallel engines (--data-parallel-size)
     expert_parallel: bool = False    # --enable-expert-parallel: whole experts per rank
     kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes: the pool per GPU, as given
+    num_gpu_blocks_override: int | None = None  # --num-gpu-blocks-override: the pool in blocks, as given
+    enforce_eager: bool = False      # --enforce-eager: no CUDA graphs (no graph pool; kernels launched one by one)
 
     @property
     def moe_ranks(self) -> int:
@@ -121,7 +123,8 @@ class Setup:
               max_model_len: int | None = None, max_num_seqs: int | None = None,
               max_num_batched_tokens: int | None = None, block_size: int | None = None,
               vllm_version: str | tuple | None = None, dp: int = 1,
-              expert_parallel: bool = False, kv_cache_memory_bytes: int | None = None) -> "Setup":
+              expert_parallel: bool = False, kv_cache_memory_bytes: int | None = None,
+              num_gpu_blocks_override: int | None = None, enforce_eager: bool = False) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -190,12 +193,16 @@ class Setup:
             raise InputError(f"--block-size must be positive (got {bs})")
         if kv_cache_memory_bytes is not None and kv_cache_memory_bytes < 1:
             raise InputError(f"--kv-cache-memory-bytes must be positive (got {kv_cache_memory_bytes})")
+        if num_gpu_blocks_override is not None and num_gpu_blocks_override < 1:
+            raise InputError(f"--num-gpu-blocks-override must be positive (got {num_gpu_blocks_override})")
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
                    block_size=bs, vllm_version=version, enable_chunked_prefill=chunked,
                    dp=int(dp), expert_parallel=bool(expert_parallel) and arch.is_moe,
-                   kv_cache_memory_bytes=int(kv_cache_memory_bytes) if kv_cache_memory_bytes else None)
+                   kv_cache_memory_bytes=int(kv_cache_memory_bytes) if kv_cache_memory_bytes else None,
+                   num_gpu_blocks_override=int(num_gpu_blocks_override) if num_gpu_blocks_override else None,
+                   enforce_eager=bool(enforce_eager))
 
 
 def check_tp(arch: ModelArch, tp: int) -> None:

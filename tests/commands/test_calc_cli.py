@@ -206,3 +206,35 @@ def test_kv_cache_memory_bytes_is_the_pool_whatever_the_utilization():
     assert big.returncode == 2 and "does not fit beside weights" in big.stderr
     assert f"the most is about {round(most, 2)}" in big.stderr
     assert calc(*LLAMA_H100, "--kv-cache-memory-bytes", f"{int(most - 1)}G").returncode == 0
+
+
+def test_num_gpu_blocks_override_is_the_pool_in_blocks():
+    out = calc(*LLAMA_H100, "--num-gpu-blocks-override", "1000", "--json")
+    assert out.returncode == 0, out.stderr
+    kv = json.loads(out.stdout)["kv_cache"]
+    assert kv["gpu_blocks"] == 1000 and kv["tokens"] == 1000 * 16
+    assert kv["max_concurrency"] == pytest.approx(1000 / (8192 / 16), abs=0.01)
+    big = calc(*LLAMA_H100, "--num-gpu-blocks-override", "100000")
+    assert big.returncode == 2 and "--num-gpu-blocks-override 100000" in big.stderr and "does not fit" in big.stderr
+
+
+def test_enforce_eager_frees_the_graph_pool_and_waits_on_kernel_launches():
+    """--enforce-eager: vLLM captures no CUDA graphs, so from 0.21 (which subtracts the graph
+    estimate) the pool grows by it; a small batch's step is the host launching every layer's
+    kernels (perf.EAGER_LAYER_LAUNCH_S), a large batch's is the GPU's work, as with graphs."""
+    from exporter.model.perf import EAGER_LAYER_LAUNCH_S
+    base = ("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--max-model-len", "8192",
+            "--vllm-version", "0.21.0", "--prompt-tokens", "512", "--output-tokens", "256", "--json")
+
+    def doc(*extra):
+        out = calc(*base, *extra)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+    graphs, eager = doc("--concurrency", "1"), doc("--concurrency", "1", "--enforce-eager")
+    assert graphs["memory"]["cudagraph_gib"] > 0 and eager["memory"]["cudagraph_gib"] == 0
+    assert eager["memory"]["kv_cache_gib"] == pytest.approx(
+        graphs["memory"]["kv_cache_gib"] + graphs["memory"]["cudagraph_gib"], abs=0.01)
+    # batch 1: 32 layers of launches (9.6 ms) outlast the whole step with graphs (~7.6 ms)
+    assert eager["predicted"]["tpot_s"] >= 32 * EAGER_LAYER_LAUNCH_S > graphs["predicted"]["tpot_s"]
+    busy_graphs, busy_eager = doc("--concurrency", "128"), doc("--concurrency", "128", "--enforce-eager")
+    assert busy_eager["predicted"]["tpot_s"] == pytest.approx(busy_graphs["predicted"]["tpot_s"], rel=0.02)
