@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,9 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                         "--gpu-memory-utilization (40G = 40 GiB, 40g = 40e9 bytes)")),
     ("engine flags", ("--num-gpu-blocks-override",), dict(type=int, metavar="N", help="KV cache blocks per GPU as "
                                                           "given (vLLM's testing override)")),
+    ("engine flags", ("--enable-chunked-prefill",), dict(action=argparse.BooleanOptionalAction, default=None,
+                                                         help="default: vLLM's for the version (always from "
+                                                              "V1; V0 above 32k context)")),
     ("engine flags", ("--enforce-eager",), dict(action="store_true", help="no CUDA graphs: no graph memory, "
                                                 "and a step waits on the host launching its kernels")),
     ("engine flags", ("--max-model-len",), dict(type=lambda t: _flag_value(vllm_args.max_model_len, t), metavar="N",
@@ -253,8 +257,16 @@ def build_setup(args: argparse.Namespace) -> Setup:
 def _build_setup(args: argparse.Namespace) -> Setup:
     gpu = device_for_cli(args.gpu, gpu_file=args.gpu_file, memory_gib=args.gpu_memory_gib,
                          bandwidth_gbs=args.gpu_bandwidth_gbs, tflops=args.gpu_tflops)
+    arch = resolve(args).arch
+    mml = args.max_model_len
+    if (mml is not None and mml > arch.max_position_embeddings
+            and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() not in ("1", "true")):
+        # vLLM's _get_and_verify_max_len, with the same way out
+        raise InputError(f"User-specified max_model_len ({mml}) is greater than the derived max_model_len "
+                         f"({arch.max_position_embeddings}) of {arch.name}: vLLM refuses to start; set "
+                         f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to override, as vLLM takes it")
     return Setup.build(
-        resolve(args).arch, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
+        arch, gpu, tp=args.tp, pp=args.pp, dtype=args.dtype,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, gpu_memory_gib=args.gpu_memory_gib,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -263,7 +275,8 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
         kv_cache_memory_bytes=getattr(args, "kv_cache_memory_bytes", None),
         num_gpu_blocks_override=getattr(args, "num_gpu_blocks_override", None),
-        enforce_eager=bool(getattr(args, "enforce_eager", False)))
+        enforce_eager=bool(getattr(args, "enforce_eager", False)),
+        enable_chunked_prefill=getattr(args, "enable_chunked_prefill", None))
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:

@@ -124,7 +124,8 @@ class Setup:
               max_num_batched_tokens: int | None = None, block_size: int | None = None,
               vllm_version: str | tuple | None = None, dp: int = 1,
               expert_parallel: bool = False, kv_cache_memory_bytes: int | None = None,
-              num_gpu_blocks_override: int | None = None, enforce_eager: bool = False) -> "Setup":
+              num_gpu_blocks_override: int | None = None, enforce_eager: bool = False,
+              enable_chunked_prefill: bool | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -179,15 +180,28 @@ class Setup:
             # `use_mla`). Without it the profile run is ONE prefill of max(max_model_len, 2048)
             # tokens, whose activations can leave little for the KV cache.
             chunked = (mml > 32768 and not arch.sliding_window and not arch.extra_params
-                       and arch.attention != "mla")
+                       and arch.attention != "mla") if enable_chunked_prefill is None else enable_chunked_prefill
             mnbt = max_num_batched_tokens or (512 if chunked else max(mml, 2048))
         else:
-            chunked = True
+            chunked = True if enable_chunked_prefill is None else enable_chunked_prefill
             # vLLM decides on the memory the device reports, so an overridden total counts
             large = (mem >= 70 and "a100" not in dev.name.lower()
                      and version >= BATCH_DEFAULTS_BY_GPU)
             seqs = max_num_seqs or (1024 if large else 256)
-            mnbt = max_num_batched_tokens or (8192 if large else 2048)
+            default = 8192 if large else 2048
+            # without chunked prefill one step must hold a whole prompt (arg_utils raises the
+            # default to max_model_len)
+            mnbt = max_num_batched_tokens or (default if chunked else max(mml, default))
+        if max_num_batched_tokens:
+            # vLLM's scheduler config refuses these at startup (SchedulerConfig verify_max_model_len /
+            # V0 _verify_args); a default max_num_batched_tokens is vLLM's to reconcile
+            if mnbt < seqs:
+                raise InputError(f"max_num_batched_tokens ({mnbt}) must be greater than or equal to "
+                                 f"max_num_seqs ({seqs}): vLLM refuses to start")
+            if not chunked and mnbt < mml:
+                raise InputError(f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({mml}) "
+                                 f"without chunked prefill (vLLM {'.'.join(map(str, version))}): vLLM refuses "
+                                 f"to start; raise --max-num-batched-tokens or lower --max-model-len")
         bs = int(block_size) if block_size else 16
         if bs < 1:
             raise InputError(f"--block-size must be positive (got {bs})")

@@ -352,7 +352,10 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
                         gpu_memory_utilization=f.gpu_memory_utilization,
                         max_model_len=f.max_model_len, max_num_seqs=f.max_num_seqs,
                         max_num_batched_tokens=f.max_num_batched_tokens, block_size=f.block_size,
-                        vllm_version=version or sc.vllm_version)
+                        vllm_version=version or sc.vllm_version,
+                        # the simulated engine chunks prompts by max_num_batched_tokens in every era
+                        # (a V0 server with these flags runs --enable-chunked-prefill)
+                        enable_chunked_prefill=True)
     blocks, source = _capacity(setup, f.num_gpu_blocks)
     if f.kv_cache_memory_bytes and not f.num_gpu_blocks:
         # vLLM sizes the pool from the bytes given instead of profiling memory

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -238,3 +239,43 @@ def test_enforce_eager_frees_the_graph_pool_and_waits_on_kernel_launches():
     assert eager["predicted"]["tpot_s"] >= 32 * EAGER_LAYER_LAUNCH_S > graphs["predicted"]["tpot_s"]
     busy_graphs, busy_eager = doc("--concurrency", "128"), doc("--concurrency", "128", "--enforce-eager")
     assert busy_eager["predicted"]["tpot_s"] == pytest.approx(busy_graphs["predicted"]["tpot_s"], rel=0.02)
+
+
+@pytest.mark.parametrize("extra, says", [
+    # vLLM's SchedulerConfig checks (V1 verify_max_model_len, V0 _verify_args)
+    (("--max-num-batched-tokens", "128", "--max-num-seqs", "256"),
+     "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)"),
+    (("--vllm-version", "0.6.0", "--max-num-batched-tokens", "4096"),
+     "max_num_batched_tokens (4096) is smaller than max_model_len (8192) without chunked prefill"),
+    # ModelConfig's derived length (Llama-3.1: 131072), unless the env var vLLM honours is set
+    (("--max-model-len", "200000"), "greater than the derived max_model_len (131072)"),
+])
+def test_scheduler_and_length_settings_vllm_refuses_are_refused(extra, says):
+    out = calc(*LLAMA_H100, *extra, "--json")
+    assert out.returncode == 2 and out.stdout == "" and says in out.stderr, out.stderr
+
+
+def test_a_long_max_model_len_is_taken_where_vllm_takes_it():
+    env = {**os.environ, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    out = subprocess.run([sys.executable, "-m", "exporter", "calc", *LLAMA_H100, "--max-model-len", "200000",
+                          "--gpu", "H200", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["setup"]["max_model_len"] == 200000
+    # the V0 check applies without chunked prefill only: a large enough budget starts
+    assert calc(*LLAMA_H100, "--vllm-version", "0.6.0", "--max-num-batched-tokens", "8192").returncode == 0
+
+
+def test_chunked_prefill_flag_sets_what_one_step_must_hold():
+    """V0 refuses a budget below max_model_len unless --enable-chunked-prefill; V1 without
+    chunked prefill raises its default budget to max_model_len (and profiles that many tokens)."""
+    v0 = calc(*LLAMA_H100, "--vllm-version", "0.6.0", "--max-num-batched-tokens", "4096", "--enable-chunked-prefill",
+              "--json")
+    assert v0.returncode == 0, v0.stderr
+    assert json.loads(v0.stdout)["setup"]["max_num_batched_tokens"] == 4096
+    # few sequences, so the forward pass, not the sampler, is the profile's peak
+    few = ("--max-model-len", "16384", "--max-num-seqs", "16", "--json")
+    chunked = json.loads(calc(*LLAMA_H100, *few).stdout)
+    whole = json.loads(calc(*LLAMA_H100, *few, "--no-enable-chunked-prefill").stdout)
+    assert chunked["setup"]["max_num_batched_tokens"] == 8192 and whole["setup"]["max_num_batched_tokens"] == 16384
+    assert whole["memory"]["activation_gib"] > chunked["memory"]["activation_gib"]
+    assert whole["kv_cache"]["tokens"] < chunked["kv_cache"]["tokens"]
