@@ -155,6 +155,7 @@ class Setup:
             quant = "mxfp4"  # FP4 of an MXFP4 checkpoint (gpt-oss) is its own format, not NVFP4
         else:
             quant = normalize_quantization(quantization) if quantization else arch.quantization
+        check_device(dev, dtype=_DTYPES.get((dtype or "auto").lower()), quantization=quant)
         if kv_cache_dtype is None:
             kv = deployed_kv_dtype(arch, quant if quantization else None)
         kv = _resolve_kv_dtype(kv, arch, version, quant)
@@ -217,6 +218,34 @@ class Setup:
                    kv_cache_memory_bytes=int(kv_cache_memory_bytes) if kv_cache_memory_bytes else None,
                    num_gpu_blocks_override=int(num_gpu_blocks_override) if num_gpu_blocks_override else None,
                    enforce_eager=bool(enforce_eager))
+
+
+# The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's
+# `get_min_capability` of the quantization config): FP8 and MXFP4 through Marlin's weight-only
+# kernels from Ampere (8.0), AWQ and int8 W8A8 from Turing (7.5), GPTQ from Pascal (6.0)
+MIN_CAPABILITY = {"fp8": 80, "mxfp4": 80, "awq": 75, "w8a8": 75, "gptq": 60}
+
+
+def check_device(dev: GPU, *, dtype: str | None, quantization: str | None) -> None:
+    """Refuse what vLLM refuses on this NVIDIA device: an explicit bfloat16 below compute
+    capability 8.0 (`check_if_supports_dtype`; `auto` falls back to float16 there, which
+    `Setup.build` does), and a weight scheme whose kernels need a newer GPU (`verify_quantization`:
+    "The quantization method fp8 is not supported for the current GPU")."""
+    if dev.vendor != "nvidia" or not dev.compute_capability:
+        return
+    try:
+        major, minor = (int(x) for x in dev.compute_capability.split(".")[:2])
+    except ValueError:
+        return
+    cc = major * 10 + minor
+    if dtype == "bfloat16" and cc < 80:
+        raise InputError(f"Bfloat16 is only supported on GPUs with compute capability of at least 8.0; "
+                         f"{dev.name} has {dev.compute_capability}: vLLM refuses --dtype bfloat16 there "
+                         f"(use --dtype half)")
+    need = MIN_CAPABILITY.get(quantization or "")
+    if need and cc < need:
+        raise InputError(f"The quantization method {quantization} is not supported for {dev.name}: minimum "
+                         f"capability {need}, current capability {cc} (vLLM refuses to start)")
 
 
 def check_tp(arch: ModelArch, tp: int) -> None:

@@ -279,3 +279,19 @@ def test_chunked_prefill_flag_sets_what_one_step_must_hold():
     assert chunked["setup"]["max_num_batched_tokens"] == 8192 and whole["setup"]["max_num_batched_tokens"] == 16384
     assert whole["memory"]["activation_gib"] > chunked["memory"]["activation_gib"]
     assert whole["kv_cache"]["tokens"] < chunked["kv_cache"]["tokens"]
+
+
+@pytest.mark.parametrize("gpu, extra, says", [
+    ("T4", ("--dtype", "bfloat16"), "Bfloat16 is only supported on GPUs with compute capability of at least 8.0"),
+    ("T4", ("--quantization", "fp8"), "fp8 is not supported for T4: minimum capability 80, current capability 75"),
+    ("V100-SXM2-32GB", ("--quantization", "awq"), "awq is not supported for V100-SXM2-32GB: minimum capability 75"),
+])
+def test_what_the_device_cannot_run_is_refused(gpu, extra, says):
+    base = ("--model", "meta-llama/Llama-3.1-8B-Instruct", "--tp", "2", "--max-model-len", "2048", "--gpu", gpu)
+    out = calc(*base, *extra, "--json")
+    assert out.returncode == 2 and out.stdout == "" and says in out.stderr, out.stderr
+    # what vLLM does run there: auto falls back to float16 on Turing; AWQ runs on Turing
+    if gpu == "T4":
+        ok = calc(*base, "--json")
+        assert ok.returncode == 0 and json.loads(ok.stdout)["setup"]["dtype"] == "float16"
+        assert calc(*base, "--quantization", "awq").returncode == 0
