@@ -125,6 +125,7 @@ class TargetSpec(_Strict):
     quantization: str | None = None
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    enforce_eager: bool | None = None   # the server runs --enforce-eager (no CUDA graphs)
     slo: SLO | None = None
     labels: dict[str, str] = Field(default_factory=dict)  # extra discovery labels, kept as hints
     source: str = "static"

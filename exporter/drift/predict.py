@@ -110,6 +110,7 @@ class Identity:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     device_hint: str | None = None      # the GPU/device hint as given (for the backend verdict)
+    enforce_eager: bool = False         # the server runs --enforce-eager (no CUDA graphs)
 
     @property
     def gpu(self) -> str | None:
@@ -137,7 +138,8 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
     return Identity(spec.url, model_name, res,
                     tp=hint_int("tp") or 1, pp=hint_int("pp") or 1, quantization=hint("quantization"),
                     max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
-                    device_hint=hint("gpu") or None)
+                    device_hint=hint("gpu") or None,
+                    enforce_eager=str(hint("enforce_eager") or "").strip().lower() in ("true", "1", "yes"))
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
@@ -165,7 +167,7 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                    traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
                    # a pool sized by --kv-cache-memory-bytes says nothing about the GPU behind it
                    observed_kv_tokens=None if x.kv_cache_memory_gib else x.kv_cache_tokens,
-                   calibration=calibration)
+                   calibration=calibration, enforce_eager=ident.enforce_eager)
 
 
 def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resolved:
@@ -199,7 +201,7 @@ def setup_for(ident: Identity, x: DriftInput, vllm_version: str | None) -> Setup
                       _kv_dtype(x.cache_dtype), x.gpu_memory_utilization,
                       int(x.max_model_len) if x.max_model_len else None, x.max_num_seqs,
                       x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
-                      read_version(vllm_version))
+                      read_version(vllm_version), ident.enforce_eager)
     except InputError:
         return None
 
@@ -219,11 +221,11 @@ def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
 @lru_cache(maxsize=512)
 def _setup(model: ModelArch, gpu: GPU, tp: int, pp: int, quantization: str | None, kv_dtype: str,
            util: float | None, max_model_len: int | None, max_num_seqs: int | None,
-           mnbt: int | None, block_size: int | None, version: tuple | None):
+           mnbt: int | None, block_size: int | None, version: tuple | None, enforce_eager: bool = False):
     return Setup.build(model, gpu, tp=tp, pp=pp, quantization=quantization, kv_cache_dtype=kv_dtype,
                        gpu_memory_utilization=util, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
-                       block_size=block_size, vllm_version=version)
+                       block_size=block_size, vllm_version=version, enforce_eager=enforce_eager)
 
 
 def _kv_dtype(cache_dtype: str | None) -> str:
@@ -237,7 +239,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             vllm_version: str | None, traffic: Mapping[str, float | None],
             slo: Mapping[str, float | None], prices: Mapping[str, float],
             observed_kv_tokens: float | None = None,
-            calibration: perf.Calibration | None = None) -> Prediction:
+            calibration: perf.Calibration | None = None, enforce_eager: bool = False) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note.
 
@@ -251,7 +253,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
         setup = _setup(res.model, res.gpu, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
                        gpu_memory_utilization, int(max_model_len) if max_model_len else None,
                        max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
-                       read_version(vllm_version))
+                       read_version(vllm_version), enforce_eager)
         cap = _pool(setup)
     except InputError as exc:
         notes.append(f"calculator: {exc}")

@@ -193,6 +193,10 @@ class Setup:
             # without chunked prefill one step must hold a whole prompt (arg_utils raises the
             # default to max_model_len)
             mnbt = max_num_batched_tokens or (default if chunked else max(mml, default))
+        if max_num_batched_tokens and not max_num_seqs:
+            # a server running with this budget runs at most that many sequences (vLLM refuses a
+            # budget below max_num_seqs): a default above it is not what such a server has
+            seqs = min(seqs, mnbt)
         if max_num_batched_tokens:
             # vLLM's scheduler config refuses these at startup (SchedulerConfig verify_max_model_len /
             # V0 _verify_args); a default max_num_batched_tokens is vLLM's to reconcile

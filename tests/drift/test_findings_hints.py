@@ -100,3 +100,20 @@ def test_length_stops_at_max_tokens_are_not_the_context():
     assert context_share(0.9, 4096, 3000.0, 3000.0, hist(asked), hist(asked)) == 0.9
     # without request_params_max_tokens the length share stands as it is
     assert context_share(0.3, 4096, 600.0, 1800.0, gen, None) == 0.3
+
+
+def test_an_eager_server_is_predicted_as_one():
+    """A server run with --enforce-eager (a `targets[]` hint, or a pod's `vllm serve` argument as
+    the label Kubernetes discovery sets) is predicted without CUDA graphs: at a light load its
+    step is the host launching every layer's kernels, so its a-priori TPOT is slower than the
+    same server's with graphs, from the same observations."""
+    from exporter.model.perf import EAGER_LAYER_LAUNCH_S
+    reports = {}
+    for name, hints in (("graphs", {}), ("eager", {"enforce_eager": True}),
+                        ("label", {"labels": {"enforce_eager": "true"}})):
+        server = SimServer("idle-overprovisioned", seed=3)
+        reports[name] = run(server, Scraper(server, window_s=120, **hints), 180)
+    graphs, eager, label = (reports[k].prior_tpot_seconds for k in ("graphs", "eager", "label"))
+    assert graphs and eager and label == eager
+    layers = 32      # the scenario's Llama-3.1-8B, on an H100 at a light load
+    assert eager >= layers * EAGER_LAYER_LAUNCH_S > graphs

@@ -42,10 +42,11 @@ class Scraper:
     """One daemon's view of a server: its config, engine state and window."""
 
     def __init__(self, server: SimServer, *, url: str = "http://127.0.0.1:1", gpu: str | None = "hint",
-                 window_s: float = 600.0, interval_s: float = 30.0, one_shot: bool = False) -> None:
+                 window_s: float = 600.0, interval_s: float = 30.0, one_shot: bool = False,
+                 **hints) -> None:
         self.server = server
         gpu = server.sc.gpu if gpu == "hint" else gpu
-        self.spec = TargetSpec(url=url, gpu=gpu, tp=server.sc.tp)
+        self.spec = TargetSpec(url=url, gpu=gpu, tp=server.sc.tp, **hints)
         self.fleet = Pipelines(Config(evaluation=EvaluationConfig(interval=interval_s, window=window_s)),
                                one_shot=one_shot)
         self.pipe = self.fleet.pipeline(self.spec, server.model_name, window_s=window_s)
