@@ -107,7 +107,7 @@ def default_values(param: str, base: Any, traffic: Traffic, recommended: Any) ->
     elif param == "max_num_batched_tokens":
         vals = [512, 1024, 2048, 4096, 8192, 16384]
     elif param == "tp":
-        vals = [t for t in (1, 2, 4, 8) if m.num_heads % t == 0]
+        vals = [t for t in (1, 2, 4, 8) if _tp_runs(m, t)]
     elif param == "kv_cache_dtype":
         vals = ["auto", "fp8"]
     elif param == "quantization":
@@ -120,14 +120,27 @@ def default_values(param: str, base: Any, traffic: Traffic, recommended: Any) ->
     return sorted(dict.fromkeys(vals), key=key) if key is None else list(dict.fromkeys(vals))
 
 
+def _tp_runs(model: Any, tp: int) -> bool:
+    from exporter.model.setup import check_tp
+    try:
+        check_tp(model, tp)
+    except InputError:
+        return False
+    return True
+
+
 def _variant(base: Any, param: str, value: Any) -> Any:
     from exporter.model.setup import Setup
     if param in ("tp", "kv_cache_dtype", "quantization"):
+        # rebuilt (the value changes what vLLM derives), every other flag of the base kept
         kw = dict(tp=base.tp, pp=base.pp, dtype=base.dtype, quantization=base.quantization,
                   kv_cache_dtype=base.kv_cache_dtype, gpu_memory_utilization=base.gpu_memory_utilization,
                   gpu_memory_gib=base.gpu_memory_gib, max_model_len=base.max_model_len,
                   max_num_seqs=base.max_num_seqs, max_num_batched_tokens=base.max_num_batched_tokens,
-                  block_size=base.block_size, vllm_version=base.vllm_version)
+                  block_size=base.block_size, vllm_version=base.vllm_version, dp=base.dp,
+                  expert_parallel=base.expert_parallel, kv_cache_memory_bytes=base.kv_cache_memory_bytes,
+                  num_gpu_blocks_override=base.num_gpu_blocks_override, enforce_eager=base.enforce_eager,
+                  enable_chunked_prefill=base.enable_chunked_prefill)
         kw[param] = value
         model = base.model if param != "quantization" else base.model.with_quantization(None)
         return Setup.build(model, base.gpu, **kw)
@@ -153,9 +166,7 @@ def sweep(base: Any, traffic: Traffic, slo: SLO, param: str, *, values: Sequence
     for v in vals:
         row: dict[str, Any] = {"value": v}
         try:
-            s = _variant(base, param, v)
-            if param == "tp" and s.model.num_heads % s.tp:
-                raise InputError(f"{s.model.num_heads} attention heads not divisible by tp {s.tp}")
+            s = _variant(base, param, v)    # a TP vLLM refuses raises with vLLM's reason
             row.update(evaluate(s, traffic, slo, concurrency=concurrency, rate=rate, spec=spec))
         except InputError as exc:
             row.update(kv_tokens=0, max_concurrency=0, concurrency=0, throughput_tokens_per_s=0.0,

@@ -295,3 +295,21 @@ def test_what_the_device_cannot_run_is_refused(gpu, extra, says):
         ok = calc(*base, "--json")
         assert ok.returncode == 0 and json.loads(ok.stdout)["setup"]["dtype"] == "float16"
         assert calc(*base, "--quantization", "awq").returncode == 0
+
+
+@pytest.mark.parametrize("param", ["tp", "kv_cache_dtype"])
+def test_a_sweep_keeps_every_other_flag_of_the_setup(param):
+    """A trade-off row rebuilt for another TP or KV dtype keeps the rest of the deployment: at the
+    setup's own value it is the setup (data parallel, expert parallel, the pool given in bytes,
+    eager mode), and the TPs vLLM refuses are not offered."""
+    out = calc("--model", "Qwen/Qwen3-30B-A3B-Instruct-2507", "--gpu", "H100", "--tp", "2", "--data-parallel", "2",
+               "--enable-expert-parallel", "--kv-cache-memory-bytes", "20G", "--kv-cache-dtype", "auto",
+               "--enforce-eager", "--max-model-len", "8192", "--concurrency", "4", "--sweep", param, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    own = 2 if param == "tp" else "auto"
+    [row] = [r for r in doc["sweep"]["rows"] if r["value"] == own]
+    assert row["kv_tokens"] == doc["kv_cache"]["tokens"]
+    assert row["tpot_p50_s"] == pytest.approx(doc["predicted"]["tpot_s"], rel=0.02)
+    if param == "tp":   # 32 query heads, 4 KV heads: 1, 2, 4 and 8 all run
+        assert [r["value"] for r in doc["sweep"]["rows"]] == [1, 2, 4, 8]
