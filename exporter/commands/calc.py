@@ -298,7 +298,7 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
                      "pass --kv-cache-dtype auto for vLLM's default with a runtime --quantization")
     if setup.kv_cache_memory_bytes and setup.vllm_version < KV_CACHE_MEMORY_BYTES:
         notes.append(f"--kv-cache-memory-bytes: vLLM {'.'.join(map(str, setup.vllm_version))} may not have it "
-                     f"(added by vllm PR #21489, July 2025); the pool is the bytes as given")
+                     f"(added in 0.10.2 by vllm PR #21489); the pool is the bytes as given")
     auto = args.max_model_len == vllm_args.AUTO
     if args.max_model_len is not None and not auto:   # checked in run(): refused, but --json still prints
         return setup, kv_capacity(setup, check_fits=False), notes

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Sequence
+from typing import Any, Sequence
 
 # vLLM's human-readable token counts (`--max-num-batched-tokens 16k`, `--max-model-len 32K`):
 # a lower-case suffix multiplies by a power of 1000 and takes decimals (25.6k = 25,600), an
@@ -54,7 +54,7 @@ def max_model_len(text: str) -> int:
 
 
 # flag (dashes, no leading --) -> hint key; value type
-_VALUE_FLAGS: dict[str, tuple[str, type]] = {
+_VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "model": ("model", str),
     "tensor-parallel-size": ("tp", int),
     "pipeline-parallel-size": ("pp", int),

@@ -23,7 +23,7 @@ SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR
 UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vllm PR #38284) [release unverified]
 KV_FROM_CHECKPOINT = (0, 13, 0)  # `--kv-cache-dtype auto` follows the checkpoint's KV scheme (vllm PR #29980, merged Dec 2025) [release inferred from the merge date]
 CUDAGRAPH_ESTIMATE = (0, 21, 0)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default (vllm PR #41099)
-KV_CACHE_MEMORY_BYTES = (0, 10, 1)  # --kv-cache-memory-bytes (vllm PR #21489, July 2025) [release unverified]
+KV_CACHE_MEMORY_BYTES = (0, 10, 2)  # --kv-cache-memory-bytes (vllm PR #21489): absent from 0.10.1's cache_config_info (sim/eras.py)
 TOKENS_FROM_CONCURRENCY = (0, 21, 0)  # "GPU KV cache size" = max_concurrency x max_model_len (PR #40694) [release unverified]
 DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is calibrated on
 # V0 worker before the `memory_profiling` refactor (vllm PR #9352, v0.6.4): non-torch memory was

@@ -343,7 +343,6 @@ class Resolved:
 def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
             version: str | None = None, flags: VllmFlags | None = None) -> Resolved:
     """Resolve model/GPU/flags through the calculator's Setup, KV capacity and step-time model."""
-    from exporter.model.kv_cache import bytes_per_token
     from exporter.model.setup import Setup
 
     f = flags or sc.flags
@@ -355,12 +354,13 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
                         vllm_version=version or sc.vllm_version,
                         # the simulated engine chunks prompts by max_num_batched_tokens in every era
                         # (a V0 server with these flags runs --enable-chunked-prefill)
-                        enable_chunked_prefill=True)
-    blocks, source = _capacity(setup, f.num_gpu_blocks)
-    if f.kv_cache_memory_bytes and not f.num_gpu_blocks:
-        # vLLM sizes the pool from the bytes given instead of profiling memory
-        blocks = max(2, int(f.kv_cache_memory_bytes // (bytes_per_token(setup) * setup.block_size)))
-        source = "kv_cache_memory_bytes"
+                        enable_chunked_prefill=True,
+                        # the pool as vLLM sizes it from these flags (the calculator's accounting)
+                        kv_cache_memory_bytes=f.kv_cache_memory_bytes, num_gpu_blocks_override=f.num_gpu_blocks)
+    try:
+        blocks, source = _capacity(setup)
+    except InputError as exc:
+        raise InputError(f"{sc.source}: vllm: {exc}") from None
     if (blocks - 1) * setup.block_size < setup.max_model_len:
         raise InputError(f"{sc.source}: vllm.max_model_len: {setup.max_model_len} tokens do not fit "
                          f"the KV cache ({(blocks - 1) * setup.block_size} tokens); vLLM would "
@@ -378,15 +378,15 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
                     kv_cache_memory_bytes=f.kv_cache_memory_bytes)
 
 
-def _capacity(setup, override: int | None) -> tuple[int, str]:
-    if override:
-        return int(override), "scenario override"
+def _capacity(setup) -> tuple[int, str]:
+    source = ("scenario override" if setup.num_gpu_blocks_override else
+              "kv_cache_memory_bytes" if setup.kv_cache_memory_bytes else "calculator")
     try:
         from exporter.model.kv_cache import kv_capacity
     except ImportError:
         kv_capacity = None
     if kv_capacity is not None:
-        return int(kv_capacity(setup).gpu_blocks), "calculator"
+        return int(kv_capacity(setup, check_fits=False).gpu_blocks), source
     return _fallback_blocks(setup), "fallback estimate"
 
 

@@ -227,3 +227,33 @@ def test_a_redeploy_that_cannot_start_fails_at_load(tmp_path):
                  "phases:\n  - at: 1m\n    vllm: {num_gpu_blocks: 8}\n")
     with pytest.raises(InputError, match="redeploy"):
         build(load_scenario(path))
+
+
+def test_a_pool_given_in_bytes_or_blocks_is_sized_by_the_calculator(tmp_path):
+    """`kv_cache_memory_bytes` / `num_gpu_blocks` in a scenario size the simulated pool as
+    `calc --kv-cache-memory-bytes` / `--num-gpu-blocks-override` do (one accounting), and a pool
+    that cannot fit beside the weights is refused naming the scenario file."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    from exporter.sim.scenario import resolve
+    base = load_scenario("healthy")
+    for extra, flag in (({"kv_cache_memory_bytes": 4 * 2**30}, ("--kv-cache-memory-bytes", str(4 * 2**30))),
+                        ({"num_gpu_blocks": 700}, ("--num-gpu-blocks-override", "700"))):
+        p = tmp_path / "sc.yaml"
+        text = (Path(base.source).read_text() if Path(base.source).exists() else None)
+        assert text is not None
+        p.write_text(text.replace("vllm:\n", "vllm:\n" + "".join(f"  {k}: {v}\n" for k, v in extra.items()), 1))
+        res = resolve(load_scenario(str(p)))
+        f = base.flags
+        out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", base.model, "--gpu", base.gpu,
+                              "--max-model-len", str(f.max_model_len), "--max-num-batched-tokens",
+                              str(f.max_num_batched_tokens), "--vllm-version", base.vllm_version, *flag,
+                              "--json"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert res.config.num_gpu_blocks == json.loads(out.stdout)["kv_cache"]["gpu_blocks"]
+    p.write_text(text.replace("vllm:\n", "vllm:\n  kv_cache_memory_bytes: 40000000000\n", 1))
+    with pytest.raises(InputError, match=f"{p}: vllm: --kv-cache-memory-bytes .* does not fit beside weights"):
+        resolve(load_scenario(str(p)))
