@@ -122,6 +122,7 @@ class DriftInput:
     cache_dtype: str | None = None
     max_model_len: float | None = None
     kv_cache_memory_gib: float | None = None      # kv_cache_memory_bytes label (0.10.2-0.11.0)
+    pool_fixed_by: str | None = None              # the flag that set the pool instead of gpu_memory_utilization
 
     # -- the target's identity (exporter.drift.predict.Identity: hints resolved once)
     gpu: str | None = None                        # resolved catalog name

@@ -198,6 +198,8 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         gpu_memory_utilization=cc.gpu_memory_utilization, enable_prefix_caching=cc.enable_prefix_caching,
         cache_dtype=cc.cache_dtype,
         max_model_len=mml, kv_cache_memory_gib=(kv_mem / 2**30 if kv_mem else None),
+        pool_fixed_by=("--num-gpu-blocks-override" if cc.num_gpu_blocks_override else
+                       "--kv-cache-memory-bytes" if kv_mem else None),
         gpu=ident.gpu, tp=ident.tp, pp=ident.pp, model=ident.resolved.model_id,
         missing_hints=ident.resolved.missing, backend=backend.kind, backend_evidence=backend.evidence,
         observation_only=backend.observation_only,

@@ -165,8 +165,9 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                    max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
                    vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
                    traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
-                   # a pool sized by --kv-cache-memory-bytes says nothing about the GPU behind it
-                   observed_kv_tokens=None if x.kv_cache_memory_gib else x.kv_cache_tokens,
+                   # a pool given by --kv-cache-memory-bytes / --num-gpu-blocks-override says
+                   # nothing about the GPU behind it
+                   observed_kv_tokens=None if x.pool_fixed_by else x.kv_cache_tokens,
                    calibration=calibration, enforce_eager=ident.enforce_eager)
 
 

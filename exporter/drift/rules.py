@@ -242,7 +242,9 @@ def rule_kv_pressure(x: DriftInput) -> list[Finding]:
     cap = x.capacity_tokens
     kb = kv_bound(x)
     expl = "; ".join(parts) + (f"; the {_fmt(cap)}-token pool holds about {kb} requests of "
-                               f"{_fmt(x.resident_tokens)} tokens" if cap and kb else "") + "."
+                               f"{_fmt(x.resident_tokens)} tokens" if cap and kb else "") + (
+        f"; the pool is sized by {x.pool_fixed_by}, not gpu_memory_utilization" if x.pool_fixed_by and score > 0
+        else "") + "."
     out.append(_finding("kv_pressure", score, expl, binding="kv_cache"))
     return out
 
@@ -311,7 +313,9 @@ def default_gpu_memory_utilization(x: DriftInput) -> float:
 
 def rule_gpu_memory_utilization(x: DriftInput) -> list[Finding]:
     util = x.gpu_memory_utilization
-    if util is None:
+    if util is None or x.pool_fixed_by:
+        # a pool given in bytes or blocks ignores gpu_memory_utilization: raising it frees nothing
+        # (kv_pressure still says the pool is full, and names the flag that sized it)
         return []
     kv = kv_score(x)
     target = default_gpu_memory_utilization(x)

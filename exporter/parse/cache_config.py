@@ -23,6 +23,7 @@ class CacheConfig:
     cache_dtype: str | None = None
     max_model_len: int | None = None
     kv_cache_memory_bytes: float | None = None   # 0.10.2-0.11.0
+    num_gpu_blocks_override: int | None = None   # --num-gpu-blocks-override: the pool as given
     kv_cache_max_concurrency: float | None = None
     sliding_window: int | None = None
 
@@ -50,7 +51,8 @@ def _read(items: tuple[tuple[str, str], ...]) -> CacheConfig:
         enable_prefix_caching=_bool(cfg.get("enable_prefix_caching")), cache_dtype=_str(cfg.get("cache_dtype")),
         max_model_len=_int(cfg.get("max_model_len")), kv_cache_memory_bytes=finite_float(cfg.get("kv_cache_memory_bytes")),
         kv_cache_max_concurrency=finite_float(cfg.get("kv_cache_max_concurrency")),
-        sliding_window=_int(cfg.get("sliding_window")))
+        sliding_window=_int(cfg.get("sliding_window")),
+        num_gpu_blocks_override=_int(cfg.get("num_gpu_blocks_override")))
 
 
 def _int(v: str | None) -> int | None:

@@ -117,3 +117,14 @@ def test_an_eager_server_is_predicted_as_one():
     assert graphs and eager and label == eager
     layers = 32      # the scenario's Llama-3.1-8B, on an H100 at a light load
     assert eager >= layers * EAGER_LAYER_LAUNCH_S > graphs
+
+
+def test_a_pool_given_in_bytes_is_not_a_gpu_memory_utilization_question():
+    """A server whose pool was given by --kv-cache-memory-bytes (cache_config_info says so) under
+    KV pressure: kv_pressure names the flag, no gpu_memory_utilization finding (vLLM ignores it
+    for such a pool), and the small pool is no sign of a wrong GPU hint."""
+    server = SimServer("small-pool-pressure", seed=1)
+    r = run(server, Scraper(server, window_s=120), 180)
+    [kv] = [f for f in r.findings if f.finding == "kv_pressure"]
+    assert kv.severity in ("warning", "critical") and "sized by --kv-cache-memory-bytes" in kv.explanation
+    assert not {f.finding for f in r.findings} & {"gpu_memory_utilization", "hint_mismatch"}
