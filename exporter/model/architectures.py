@@ -139,6 +139,15 @@ class ModelArch:
         kv = 2 * h * self.num_kv_heads * self.head_dim
         return q + kv + self.num_heads * self.head_dim * h
 
+    def is_mixer(self, layer: int) -> bool:
+        """Layer `layer` is a Mamba / linear-attention mixer (no KV cache, no attention weights)."""
+        return bool(self.layer_types) and self.layer_types[layer] in (MAMBA, LINEAR)
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers with attention (every layer but the mixers)."""
+        return sum(1 for i in range(self.num_layers) if not self.is_mixer(i))
+
     def replicated_linear_params(self) -> int:
         """Linear parameters every TP rank holds whole, summed over all layers: MLA's
         down-projections (`fused_qkv_a_proj` = q_a + kv_a, or `kv_a_proj_with_mqa` alone without a
@@ -148,8 +157,7 @@ class ModelArch:
         if self.attention != "mla":
             return 0
         per_layer = self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
-        mixers = sum(1 for t in self.layer_types if t in (MAMBA, LINEAR)) if self.layer_types else 0
-        return per_layer * (self.num_layers - mixers)
+        return per_layer * self.attention_layers
 
     def dense_mlp_params(self) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
@@ -170,8 +178,7 @@ class ModelArch:
         n = 0
         moe = set(self.moe_layers)
         for i in range(self.num_layers):
-            mixer = bool(self.layer_types) and self.layer_types[i] in (MAMBA, LINEAR)
-            if "attention" in parts and not mixer:
+            if "attention" in parts and not self.is_mixer(i):
                 n += self.attention_params_per_layer()
             if i in moe:
                 n += self.shared_expert_params() if "shared_experts" in parts else 0
@@ -194,7 +201,7 @@ class ModelArch:
         moe = set(self.moe_layers)
         for i in range(self.num_layers):
             other += 2 * self.hidden_size
-            if self.layer_types and self.layer_types[i] in (MAMBA, LINEAR):
+            if self.is_mixer(i):
                 # in/out projections of a mixer with inner width 2 x hidden [approximation]
                 linear += 6 * self.hidden_size * self.hidden_size
             else:

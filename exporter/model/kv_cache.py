@@ -120,8 +120,7 @@ def bytes_per_token(setup: Setup) -> int:
     """KV bytes per token per GPU, summed over the attention layers one PP stage holds.
 
     Llama-3.1-8B bf16 TP1: 2 x 32 layers x 8 heads x 128 x 2 B = 131072."""
-    attn_layers = sum(1 for t in setup.model.layer_types if t not in (MAMBA, LINEAR))
-    return token_bytes_per_layer(setup) * math.ceil(attn_layers / setup.pp)
+    return token_bytes_per_layer(setup) * math.ceil(setup.model.attention_layers / setup.pp)
 
 
 def _max_tokens_per_layer(setup: Setup, kind: str) -> int:
@@ -376,16 +375,14 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         a = activation_bytes(setup, stage)
         nt = non_torch_bytes(setup)
         cg = cudagraph_bytes(setup)
-        avail = float(fixed) if fixed else requested - (w + a + nt + cg)
         layers_here = math.ceil(groups.group_size * stages[stage] / setup.model.num_layers)
-        if setup.v0:
-            blocks = int(avail // (groups.page_bytes * max(1, stages[stage] * _attn_share(setup))))
-        else:
-            blocks = int(avail // groups.page_bytes // max(1, layers_here))
+        # one block's bytes on this rank: a page per layer it holds (V0: per attention layer)
+        block_bytes = groups.page_bytes * max(1, stages[stage] * _attn_share(setup) if setup.v0 else layers_here)
         if override:
-            blocks = override
-            avail = float(override * groups.page_bytes * (max(1, stages[stage] * _attn_share(setup))
-                                                          if setup.v0 else max(1, layers_here)))
+            blocks, avail = override, float(override * block_bytes)
+        else:
+            avail = float(fixed) if fixed else requested - (w + a + nt + cg)
+            blocks = int(avail // block_bytes)
         if best is None or blocks < best[0] or (override and avail > best[5]):
             best = (blocks, w, a, nt, cg, avail, layers_here)
     blocks, w, a, nt, cg, avail, layers_here = best
@@ -460,8 +457,7 @@ def capacity_from_pool(setup: Setup, pool_bytes: float) -> tuple[int, int, float
 
 def _attn_share(setup: Setup) -> float:
     m = setup.model
-    attn = sum(1 for t in m.layer_types if t not in (MAMBA, LINEAR)) or m.num_layers
-    return attn / m.num_layers
+    return (m.attention_layers or m.num_layers) / m.num_layers
 
 
 def blocks_per_request(setup: Setup, groups: _Groups | None = None) -> int:

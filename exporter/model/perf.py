@@ -680,7 +680,7 @@ def shape_for(setup: Any) -> Shape:
         expert_stream_bps=MOE_STREAM_CAP_TBPS.get((cls, fmt), 0.0) * 1e12,
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,
-        eager_launch_s=EAGER_LAYER_LAUNCH_S * m.num_layers if getattr(setup, "enforce_eager", False) else 0.0,
+        eager_launch_s=EAGER_LAYER_LAUNCH_S * m.num_layers if setup.enforce_eager else 0.0,
     )
 
 

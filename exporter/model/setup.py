@@ -116,6 +116,20 @@ class Setup:
         """A copy with some fields changed (e.g. the optimiser trying another max_num_seqs)."""
         return replace(self, **changes)
 
+    def rebuilt(self, model: ModelArch | None = None, **changes) -> "Setup":
+        """This deployment built again with some flags changed, every other flag kept: for a
+        change that alters what vLLM derives (TP, KV dtype, quantization), where `with_` would
+        keep stale derived values."""
+        flags = dict(tp=self.tp, pp=self.pp, dtype=self.dtype, quantization=self.quantization,
+                     kv_cache_dtype=self.kv_cache_dtype, gpu_memory_utilization=self.gpu_memory_utilization,
+                     gpu_memory_gib=self.gpu_memory_gib, max_model_len=self.max_model_len,
+                     max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                     block_size=self.block_size, vllm_version=self.vllm_version, dp=self.dp,
+                     expert_parallel=self.expert_parallel, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                     num_gpu_blocks_override=self.num_gpu_blocks_override, enforce_eager=self.enforce_eager,
+                     enable_chunked_prefill=self.enable_chunked_prefill)
+        return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
+
     @classmethod
     def build(cls, model: str | ModelArch, gpu: str | GPU, *, tp: int = 1, pp: int = 1,
               dtype: str = "auto", quantization: str | None = None, kv_cache_dtype: str | None = "auto",
@@ -136,7 +150,9 @@ class Setup:
             raise InputError(f"--tp/--pp/--data-parallel must be >= 1 (got tp={tp}, pp={pp}, dp={dp})")
         if pp > arch.num_layers:
             raise InputError(f"--pp {pp} exceeds the model's {arch.num_layers} layers")
-        check_tp(arch, tp)
+        refusal = tp_refusal(arch, tp)
+        if refusal:
+            raise InputError(refusal)
         d = _DTYPES.get((dtype or "auto").lower())
         if d is None:
             raise InputError(f"--dtype: unknown dtype {dtype!r}; one of {', '.join(sorted(_DTYPES))}")
@@ -252,21 +268,22 @@ def check_device(dev: GPU, *, dtype: str | None, quantization: str | None) -> No
                          f"capability {need}, current capability {cc} (vLLM refuses to start)")
 
 
-def check_tp(arch: ModelArch, tp: int) -> None:
-    """Refuse a tensor-parallel size vLLM refuses: the attention heads must divide evenly
+def tp_refusal(arch: ModelArch, tp: int) -> str | None:
+    """Why vLLM refuses this tensor-parallel size, or None: the attention heads must divide evenly
     (`ModelConfig.verify_with_parallel_config`: "Total number of attention heads (32) must be
     divisible by tensor parallel size (3)."), and so must the KV heads, or TP be a multiple of
     them, each rank then holding a replica (`QKVParallelLinear` asserts one or the other). MLA
     keeps one latent KV head, replicated on every rank."""
     if tp <= 1 or arch.num_heads <= 0:
-        return
+        return None
     if arch.num_heads % tp:
-        raise InputError(f"Total number of attention heads ({arch.num_heads}) must be divisible by tensor "
-                         f"parallel size ({tp}): vLLM refuses to start {arch.name} at --tp {tp}")
+        return (f"Total number of attention heads ({arch.num_heads}) must be divisible by tensor "
+                f"parallel size ({tp}): vLLM refuses to start {arch.name} at --tp {tp}")
     kv = arch.num_kv_heads
     if kv > 0 and (tp % kv if tp >= kv else kv % tp):
-        raise InputError(f"{arch.name}'s {kv} KV heads cannot be split over tensor parallel size {tp} "
-                         f"(vLLM needs one to divide the other): vLLM refuses to start it at --tp {tp}")
+        return (f"{arch.name}'s {kv} KV heads cannot be split over tensor parallel size {tp} "
+                f"(vLLM needs one to divide the other): vLLM refuses to start it at --tp {tp}")
+    return None
 
 
 FP8_KV_DEPLOYED = ("fp8", "nvfp4", "mxfp4")   # weight formats deployed with an FP8 KV cache

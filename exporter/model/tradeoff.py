@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from exporter.errors import InputError
 from exporter.model.optimizer import KV_MARGIN, capture_size_floor
 from exporter.model.perf import Prediction, kv_slots, kv_tokens_for, predict, step_time_s
+from exporter.model.setup import tp_refusal
 from exporter.model.traffic import SLO, Z99, Traffic
 
 PARAMS = ("max_num_seqs", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens",
@@ -107,7 +108,7 @@ def default_values(param: str, base: Any, traffic: Traffic, recommended: Any) ->
     elif param == "max_num_batched_tokens":
         vals = [512, 1024, 2048, 4096, 8192, 16384]
     elif param == "tp":
-        vals = [t for t in (1, 2, 4, 8) if _tp_runs(m, t)]
+        vals = [t for t in (1, 2, 4, 8) if tp_refusal(m, t) is None]
     elif param == "kv_cache_dtype":
         vals = ["auto", "fp8"]
     elif param == "quantization":
@@ -120,30 +121,11 @@ def default_values(param: str, base: Any, traffic: Traffic, recommended: Any) ->
     return sorted(dict.fromkeys(vals), key=key) if key is None else list(dict.fromkeys(vals))
 
 
-def _tp_runs(model: Any, tp: int) -> bool:
-    from exporter.model.setup import check_tp
-    try:
-        check_tp(model, tp)
-    except InputError:
-        return False
-    return True
-
-
 def _variant(base: Any, param: str, value: Any) -> Any:
-    from exporter.model.setup import Setup
     if param in ("tp", "kv_cache_dtype", "quantization"):
-        # rebuilt (the value changes what vLLM derives), every other flag of the base kept
-        kw = dict(tp=base.tp, pp=base.pp, dtype=base.dtype, quantization=base.quantization,
-                  kv_cache_dtype=base.kv_cache_dtype, gpu_memory_utilization=base.gpu_memory_utilization,
-                  gpu_memory_gib=base.gpu_memory_gib, max_model_len=base.max_model_len,
-                  max_num_seqs=base.max_num_seqs, max_num_batched_tokens=base.max_num_batched_tokens,
-                  block_size=base.block_size, vllm_version=base.vllm_version, dp=base.dp,
-                  expert_parallel=base.expert_parallel, kv_cache_memory_bytes=base.kv_cache_memory_bytes,
-                  num_gpu_blocks_override=base.num_gpu_blocks_override, enforce_eager=base.enforce_eager,
-                  enable_chunked_prefill=base.enable_chunked_prefill)
-        kw[param] = value
+        # the value changes what vLLM derives: built again, every other flag of the base kept
         model = base.model if param != "quantization" else base.model.with_quantization(None)
-        return Setup.build(model, base.gpu, **kw)
+        return base.rebuilt(model, **{param: value})
     changes = {param: value}
     if param == "max_num_seqs" and base.max_num_batched_tokens < value:
         changes["max_num_batched_tokens"] = value   # vLLM requires mnbt >= max_num_seqs
