@@ -335,7 +335,7 @@ class Resolved:
     max_model_len: int
     gpu_memory_utilization: float
     kv_cache_dtype: str
-    capacity_source: str        # "calculator", "scenario override", "kv_cache_memory_bytes", "fallback estimate"
+    capacity_source: str        # "calculator", "scenario override", "kv_cache_memory_bytes"
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
 
@@ -379,55 +379,20 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
 
 
 def _capacity(setup) -> tuple[int, str]:
+    """The pool's blocks as the calculator predicts vLLM sizes them, and what sized it."""
+    from exporter.model.kv_cache import kv_capacity
     source = ("scenario override" if setup.num_gpu_blocks_override else
               "kv_cache_memory_bytes" if setup.kv_cache_memory_bytes else "calculator")
-    try:
-        from exporter.model.kv_cache import kv_capacity
-    except ImportError:
-        kv_capacity = None
-    if kv_capacity is not None:
-        return int(kv_capacity(setup, check_fits=False).gpu_blocks), source
-    return _fallback_blocks(setup), "fallback estimate"
+    return int(kv_capacity(setup, check_fits=False).gpu_blocks), source
 
 
 def _step_time(setup, scale: float = 1.0) -> StepTimeFn:
-    try:
-        from exporter.model.perf import step_time_s
-    except ImportError:
-        step_time_s = None
-    if step_time_s is not None:
-        def fn(ds: int, dc: int, pt: int, pc: int) -> float:
-            return scale * step_time_s(setup, decode_seqs=ds, decode_context_tokens=dc,
-                                       prefill_tokens=pt, prefill_context_tokens=pc)
-        return fn
-    return _fallback_step_time(setup)
-
-
-def _fallback_blocks(setup) -> int:
-    """Until the calculator's kv_capacity exists: memory x utilisation minus weights and ~2 GiB
-    of activations/non-torch memory, over the KV bytes of one block."""
-    m = setup.model
-    per_token = 2 * m.num_layers * max(1, m.num_kv_heads // setup.tp) * m.head_dim * setup.kv_dtype_bytes
-    weights = m.total_params * setup.dtype_bytes / setup.tp
-    free = setup.gpu_memory_gib * 2**30 * setup.gpu_memory_utilization - weights - 2 * 2**30
-    return max(2, int(free // (per_token * setup.block_size)))
-
-
-def _fallback_step_time(setup) -> StepTimeFn:
-    """Until the calculator's step_time_s exists: a plain roofline (80% of HBM bandwidth for
-    weights + KV, 50% of dense peak for GEMMs) plus 4 ms of per-step overhead."""
-    m = setup.model
-    gpu = setup.gpu
-    weights = m.total_params * setup.dtype_bytes / setup.tp
-    kv_tok = 2 * m.num_layers * max(1, m.num_kv_heads // setup.tp) * m.head_dim * setup.kv_dtype_bytes
-    flops_tok = 2.0 * m.active_params / setup.tp
-    bw = 0.8 * gpu.bandwidth_bytes_per_s
-    peak = 0.5 * gpu.tflops(setup.dtype) * 1e12
+    """The calculator's step time of `setup`, times the scenario's `step_time_scale`."""
+    from exporter.model.perf import step_time_s
 
     def fn(ds: int, dc: int, pt: int, pc: int) -> float:
-        t_mem = (weights + (dc + pc) * kv_tok) / bw
-        t_cmp = flops_tok * (ds + pt) / peak
-        return 0.004 + max(t_mem, t_cmp)
+        return scale * step_time_s(setup, decode_seqs=ds, decode_context_tokens=dc,
+                                   prefill_tokens=pt, prefill_context_tokens=pc)
     return fn
 
 
