@@ -16,6 +16,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
                       model_validator)
 
 from exporter.errors import ConfigError, InputError
+from exporter.model.architectures import normalize_quantization
 from exporter.model.calibrate import Row, read_rows
 from exporter.model.gpus import GpuRow
 
@@ -140,6 +141,16 @@ class TargetSpec(_Strict):
                 return token_count(v)
             except ValueError as exc:
                 raise ValueError(f"max_num_batched_tokens: {exc}") from None
+        return v
+
+    @field_validator("quantization")
+    @classmethod
+    def _known_scheme(cls, v: str | None) -> str | None:
+        """A scheme the calculator knows (as `calc --quantization` takes it), kept as written."""
+        try:
+            normalize_quantization(v)
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
         return v
 
     @property
@@ -338,7 +349,8 @@ def _key_path(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def _describe(err: dict[str, Any]) -> str:
+def describe_error(err: dict[str, Any]) -> str:
+    """One pydantic error in the words the config's messages use."""
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
         return "unknown key"
@@ -361,7 +373,7 @@ def config_from_dict(data: Any, *, source: str = "<config>") -> Config:
         errs = exc.errors()
         first = errs[0]
         more = f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
-        raise ConfigError(f"{source}: {_key_path(first['loc'])}: {_describe(first)}{more}") from None
+        raise ConfigError(f"{source}: {_key_path(first['loc'])}: {describe_error(first)}{more}") from None
 
 
 def load_config(path: str | Path) -> Config:
@@ -395,7 +407,7 @@ def build_config(path: str | None, *, targets: list[str] | None = None, listen: 
             try:
                 spec = TargetSpec(url=url, source="flag")
             except ValidationError as exc:
-                raise ConfigError(f"--target #{i + 1}: {_describe(exc.errors()[0])}") from None
+                raise ConfigError(f"--target #{i + 1}: {describe_error(exc.errors()[0])}") from None
             if spec.url not in known:
                 specs.append(spec)
                 known.add(spec.url)

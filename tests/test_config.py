@@ -68,6 +68,7 @@ state_dir: /var/lib/vllm-drift
     ("scrape: {max_body_bytes: lots}\n", "scrape.max_body_bytes: expected a size"),
     ("targets:\n  - gpu: H100\n", "targets[0].url: required key is missing"),
     ("targets:\n  - url: http://a:8000\n    tp: 0\n", "targets[0].tp:"),
+    ("targets:\n  - url: http://a:8000\n    quantization: fp9\n", "targets[0].quantization: unknown quantization 'fp9'"),
     ("listen: 9877\n", "listen: expected HOST:PORT"),
     ("- just\n- a list\n", "the top level must be a mapping"),
     ("targets: [\n", "not valid YAML"),

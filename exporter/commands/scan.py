@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from pydantic import ValidationError
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from exporter.commands.simulate import DUMP_STAMP
-from exporter.config import Config, TargetSpec, check_url
+from exporter.config import Config, TargetSpec, check_url, describe_error
 from exporter.errors import InputError, ParseError, ScrapeError
 from exporter.events import needs_more_data
 from exporter.parse import parse_vllm
@@ -39,6 +40,8 @@ examples:
       memory settings, a hint that contradicts the pool); what needs rates is listed
   vllm-drift scan http://10.0.0.5:8000 --gpu L4 --interval 30
       two scrapes 30 s apart: rates too (preemptions, throughput, window latency)
+  vllm-drift scan http://10.0.0.5:8000 --gpu L4 --max-num-seqs 64 --tpot-slo 50ms
+      with what the metrics cannot tell: the server's flags and its objectives (as targets[] gives them)
   vllm-drift scan metrics.prom
       a saved /metrics file
   vllm-drift scan before.prom --after later.prom --interval 60
@@ -63,9 +66,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=float, metavar="SECONDS",
                    help="seconds between the two snapshots (files: default from the dumps' time "
                         "stamps or file times; URLs: scrape twice this far apart)")
-    p.add_argument("--gpu", help="GPU catalog name of the target(s)")
-    p.add_argument("--tp", type=int, help="tensor-parallel size")
-    p.add_argument("--model", help="model id or config path, when the served name does not say")
+    hints = p.add_argument_group(
+        "hints", "what the metrics cannot tell, as a targets[] entry of the config gives it (same names "
+                 "and checks); each applies to every TARGET")
+    hints.add_argument("--gpu", help="GPU catalog name of the target(s)")
+    hints.add_argument("--tp", type=int, help="tensor-parallel size")
+    hints.add_argument("--pp", type=int, help="pipeline-parallel size")
+    hints.add_argument("--model", help="model id or config path, when the served name does not say")
+    hints.add_argument("--quantization", metavar="SCHEME",
+                       help="weight quantization, when the model's config does not say (fp8, awq, gptq, ...)")
+    hints.add_argument("--max-num-seqs", type=int, metavar="N",
+                       help="the server's --max-num-seqs (vLLM does not export it; otherwise read from a "
+                            "plateau of the running count, else vLLM's default)")
+    hints.add_argument("--max-num-batched-tokens", metavar="N",
+                       help="the server's --max-num-batched-tokens, as vLLM reads it (16k, 16K)")
+    hints.add_argument("--enforce-eager", action="store_true",
+                       help="the server runs --enforce-eager (no CUDA graphs)")
+    hints.add_argument("--ttft-slo", metavar="SECONDS", help="TTFT p99 objective (0.5, 500ms)")
+    hints.add_argument("--tpot-slo", metavar="SECONDS", help="TPOT p99 objective (0.05, 50ms)")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per request (URLs)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--html", metavar="FILE", type=Path,
@@ -91,10 +109,33 @@ def _read(source: str) -> bytes:
         raise InputError(f"{source}: cannot read: {exc.strerror or exc}") from None
 
 
-def _spec(url: str, args: argparse.Namespace, source: str) -> TargetSpec:
-    return TargetSpec.model_construct(url=url, name=None, gpu=args.gpu, tp=args.tp, pp=None, model=args.model,
-                                      quantization=None, max_num_seqs=None, max_num_batched_tokens=None,
-                                      slo=None, labels={}, source=source)
+# hint flag -> the TargetSpec field it fills
+HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "quantization": "--quantization",
+              "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
+              "enforce_eager": "--enforce-eager"}
+SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
+
+
+def hinted(args: argparse.Namespace) -> TargetSpec:
+    """The hint flags as one target spec, checked as the config checks a targets[] entry (a TP
+    below 1, an unknown quantization, `1.5K` tokens are refused naming the flag); its URL is a
+    placeholder each target replaces."""
+    data: dict[str, Any] = {k: getattr(args, k) for k in HINT_FLAGS
+                            if getattr(args, k) is not None and getattr(args, k) is not False}
+    slo = {k: getattr(args, flag[2:].replace("-", "_")) for k, flag in SLO_FLAGS.items()}
+    if any(v is not None for v in slo.values()):
+        data["slo"] = {k: v for k, v in slo.items() if v is not None}
+    try:
+        return TargetSpec.model_validate({"url": "http://127.0.0.1", **data})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(part) for part in err["loc"]]
+        flag = SLO_FLAGS.get(loc[-1]) if loc[0] == "slo" else HINT_FLAGS.get(loc[0], loc[0])
+        raise InputError(f"{flag}: {describe_error(err).removeprefix(loc[-1] + ': ')}") from None
+
+
+def _spec(url: str, hints: TargetSpec, source: str) -> TargetSpec:
+    return hints.model_copy(update={"url": url, "source": source})
 
 
 @dataclass
@@ -174,7 +215,7 @@ def _evaluate(fleet: Pipelines, spec: TargetSpec, payloads: list[tuple[bytes, fl
     return out
 
 
-async def _scan_url(url: str, args: argparse.Namespace, fleet: Pipelines) -> list[Scanned]:
+async def _scan_url(url: str, args: argparse.Namespace, fleet: Pipelines, hints: TargetSpec) -> list[Scanned]:
     scraper = Scraper(timeout=args.timeout, concurrency=4)
     try:
         payloads = []
@@ -190,7 +231,7 @@ async def _scan_url(url: str, args: argparse.Namespace, fleet: Pipelines) -> lis
         metadata = await scraper.metadata(url)
     finally:
         await scraper.aclose()
-    return _evaluate(fleet, _spec(url, args, "scan"), payloads, metadata)
+    return _evaluate(fleet, _spec(url, hints, "scan"), payloads, metadata)
 
 
 def _stamp(body: bytes) -> float | None:
@@ -221,7 +262,7 @@ def _split_dumps(body: bytes) -> list[bytes]:
         start = nxt + 1
 
 
-def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines) -> list[Scanned]:
+def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines, hints: TargetSpec) -> list[Scanned]:
     bodies = _split_dumps(_read(path))
     if len(bodies) > 1:
         if args.after:
@@ -230,7 +271,7 @@ def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines) -> list[Sc
         for i, (_, ts) in enumerate(payloads[1:], 1):
             if ts is None or payloads[i - 1][1] is None or ts <= payloads[i - 1][1]:
                 raise InputError(f"{path}: dump {i + 1} is not later than dump {i} by its time stamp")
-        return _evaluate(fleet, _spec(path, args, "file"), payloads, None)
+        return _evaluate(fleet, _spec(path, hints, "file"), payloads, None)
     first = bodies[0]
     t1 = _stamp(first) or (os.path.getmtime(path) if path != "-" else time.time())
     payloads = [(first, t1)]
@@ -244,7 +285,7 @@ def _scan_file(path: str, args: argparse.Namespace, fleet: Pipelines) -> list[Sc
                 raise InputError(f"--after {args.after}: not later than {path} by its time stamp or file "
                                  f"time; give --interval SECONDS")
         payloads.append((second, t2))
-    return _evaluate(fleet, _spec(path, args, "file"), payloads, None)
+    return _evaluate(fleet, _spec(path, hints, "file"), payloads, None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -256,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
         require_plotly()   # fail before the work, with the one-line hint
         if not args.html.parent.is_dir():
             raise InputError(f"--html {args.html}: directory {args.html.parent} does not exist")
+    hints = hinted(args)
     fleet = Pipelines(Config(), one_shot=True)
     scanned: list[Scanned] = []
     for target in args.targets:
@@ -266,9 +308,9 @@ def run(args: argparse.Namespace) -> int:
                 raise InputError(f"{target}: {exc}") from None
             if args.after:
                 raise InputError("--after is for files; for a URL use --interval to scrape twice")
-            scanned.extend(asyncio.run(_scan_url(url, args, fleet)))
+            scanned.extend(asyncio.run(_scan_url(url, args, fleet, hints)))
         else:
-            scanned.extend(_scan_file(target, args, fleet))
+            scanned.extend(_scan_file(target, args, fleet, hints))
     doc = {"targets": [s.to_json() for s in scanned]}
     if args.html is not None:
         try:

@@ -66,7 +66,9 @@ def parse_file_sd(path: str, text: str) -> list[TargetSpec]:
             except ValidationError as exc:
                 err = exc.errors()[0]
                 msg = err["msg"].removeprefix("Value error, ")
-                raise ConfigError(f"{where}.targets[{ti}]: {msg}") from None
+                key = str(err["loc"][0]) if err["loc"] else ""
+                at = f"labels.{key}" if key in hints else f"targets[{ti}]"
+                raise ConfigError(f"{where}.{at}: {msg}") from None
     return out
 
 

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from exporter.config import KubernetesConfig, TargetSpec
 from exporter.discovery.vllm_args import parse_vllm_args, token_count
+from exporter.model.architectures import QUANT_BYTES_PER_PARAM, known_quantization
 from exporter.telemetry.gpu_product import catalog_gpu
 
 log = structlog.get_logger("vllm_drift.kubernetes")
@@ -112,7 +113,9 @@ def pod_target(pod: dict[str, Any], default_port: int) -> PodTarget:
     if container is not None:
         argv = [*(container.get("command") or ()), *(container.get("args") or ())]
         for key, value in parse_vllm_args(argv).items():
-            if key in _SPEC_FIELDS or key == "port":
+            if key == "quantization" and not known_quantization(str(value)):
+                labels[key] = str(value)    # the server runs it; the calculator's note will say it cannot size it
+            elif key in _SPEC_FIELDS or key == "port":
                 hints[key] = value
             elif key in _ARG_LABELS:
                 labels[key] = str(value).lower() if isinstance(value, bool) else str(value)
@@ -123,10 +126,15 @@ def pod_target(pod: dict[str, Any], default_port: int) -> PodTarget:
             if raw is None:
                 continue
             try:
-                hints[key] = conv(str(raw).strip())
+                value = conv(str(raw).strip())
             except ValueError:
                 problems.append(f"{ANNOTATION_PREFIX}{suffix}={raw!r} is not {conv.__name__}")
                 continue
+            if key == "quantization" and not known_quantization(value):
+                problems.append(f"{ANNOTATION_PREFIX}{suffix}={raw!r} is not a quantization scheme the "
+                                f"calculator knows ({', '.join(k for k in QUANT_BYTES_PER_PARAM if k)})")
+                continue
+            hints[key] = value
             break
     ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
     labels.update(namespace=ns, pod=name)

@@ -668,10 +668,11 @@ def rule_hint_mismatch(x: DriftInput) -> list[Finding]:
         return []
     likely, ratio = mm
     score = 1.0 - min(ratio, 1.0 / ratio) if ratio > 0 else 1.0
-    expl = (f"the GPU hint says {x.prediction.hinted_gpu or x.gpu} x{x.tp}, but the server's KV pool "
+    layout = f"x{x.tp}" if x.pp == 1 else f"x{x.tp * x.pp} (TP {x.tp} x PP {x.pp})"
+    expl = (f"the GPU hint says {x.prediction.hinted_gpu or x.gpu} {layout}, but the server's KV pool "
             f"({_fmt(x.kv_cache_tokens)} tokens) is {ratio:.2f}x what that would hold for this model"
             + (f"; it matches {' or '.join(likely)}" if likely else "; no catalogued GPU matches it")
-            + ": fix the hint (targets[].gpu / the gpu label), or the model / quantization / TP-PP hints if the "
+            + ": fix the hint (targets[].gpu, the gpu label, scan --gpu), or the model / quantization / TP-PP hints if the "
               "server runs another one; tier and cost findings are off until then.")
     return [_finding("hint_mismatch", score, expl, configured=x.prediction.hinted_gpu or x.gpu,
                      recommended=likely[0] if likely else None, binding="kv_pool", severity="warning")]

@@ -44,9 +44,14 @@ QUANT_ALIASES = {
     "awq": "awq", "awq_marlin": "awq", "w8a16": "w8a16", "gptq-int8": "gptq-int8",
     "mxfp4": "mxfp4", "nvfp4": "nvfp4", "fp4": "nvfp4", "modelopt_fp4": "nvfp4",
     "ptpc_fp8": "fp8", "fp8_e4m3": "fp8", "experts_int8": "w8a16", "bitsandbytes": "w4a16",
-    "compressed_tensors": "w8a8",
+    "compressed_tensors": "w8a8", "compressed-tensors": "w8a8",
     "none": None, "auto": None, "": None,
 }
+
+
+def known_quantization(name: str) -> bool:
+    """Whether `normalize_quantization` takes `name`."""
+    return name.strip().lower() in QUANT_ALIASES
 
 
 def normalize_quantization(name: str | None) -> str | None:

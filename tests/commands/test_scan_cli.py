@@ -115,3 +115,76 @@ def test_scan_errors_exit_2(tmp_path):
                         ([str(tmp_path), "--after", "x", "--interval", "-1"], "")):
         out = subprocess.run([sys.executable, "-m", "exporter", "scan", *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def dump(tmp_path, name, *args, at=(90,)):
+    """A simulated server's /metrics at each of `at` simulated seconds (simulate --dump), in one
+    file: two time-stamped dumps are a pair, for rates."""
+    body = b""
+    for seconds in at:
+        out = subprocess.run([sys.executable, "-m", "exporter", "simulate", "--seed", "5", *args, "--dump",
+                              str(seconds)], capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr.decode()
+        body += out.stdout
+    path = tmp_path / name
+    path.write_bytes(body)
+    return path
+
+
+def test_hints_are_checked_as_the_config_checks_them_and_name_the_flag(tmp_path):
+    path = dump(tmp_path, "h.prom", "--scenario", "healthy")
+    for args, words in ((["--tp", "0"], "--tp: "), (["--pp", "0"], "--pp: "),
+                        (["--max-num-seqs", "0"], "--max-num-seqs: "),
+                        (["--quantization", "fp9"], "--quantization: unknown quantization 'fp9'"),
+                        (["--max-num-batched-tokens", "1.5K"], "--max-num-batched-tokens: decimals are not allowed"),
+                        (["--ttft-slo", "-1"], "--ttft-slo: a duration must be positive"),
+                        (["--tpot-slo", "soon"], "--tpot-slo: expected a duration")):
+        out = subprocess.run([sys.executable, "-m", "exporter", "scan", str(path), "--gpu", "L4", *args],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr)
+
+
+BUSY_SMALL_MODEL = """
+name: busy-small-model
+description: a small model on a fast GPU under steady load (CUDA graphs or not decide its step time)
+model: Qwen/Qwen3-0.6B
+gpu: H100-SXM-80GB
+tp: 1
+vllm: {max_model_len: 4096, max_num_seqs: 64, max_num_batched_tokens: 4096, gpu_memory_utilization: 0.9}
+traffic:
+  rate: 20
+  arrival: poisson
+  prompt: {mean: 500, cv: 0.3, min: 32, max: 2000}
+  output: {mean: 300, cv: 0.3, min: 8, max: 900}
+  max_tokens: 1024
+warmup: 30s
+"""
+
+
+def test_each_hint_reaches_the_prediction_and_the_findings(tmp_path):
+    scenario = tmp_path / "busy.yaml"
+    scenario.write_text(BUSY_SMALL_MODEL)
+    small = dump(tmp_path, "small.prom", "--scenario", str(scenario))
+
+    def target(*args):
+        return scan(small, "--gpu", "H100", *args)["targets"][0]
+    base = target()
+    assert base["observed"]["num_requests_running"] >= 5 and not base["findings"]
+    plain = base["predicted"]
+    eager = target("--enforce-eager")["predicted"]
+    # 28 layers' kernel launches (~0.3 ms each) against ~4 ms of GPU work; the pool is the same
+    assert eager["prior_tpot_seconds"] > 2 * plain["prior_tpot_seconds"] > 0
+    assert eager["kv_cache_tokens"] == plain["kv_cache_tokens"] > 0
+    fp8 = target("--quantization", "fp8")["predicted"]
+    assert fp8["kv_cache_tokens"] > plain["kv_cache_tokens"]       # half the weights' bytes
+    [mismatch] = target("--pp", "2")["findings"]
+    assert mismatch["finding"] == "hint_mismatch" and "x2 (TP 1 x PP 2)" in mismatch["explanation"]
+    # vLLM does not export max_num_seqs: inferred from the running plateau, or the hint as given
+    capped = dump(tmp_path, "capped.prom", "--scenario", "max-num-seqs-too-low", at=(120, 240))
+    inferred = {f["finding"]: f for f in scan(capped, "--gpu", "L4")["targets"][0]["findings"]}
+    hinted = {f["finding"]: f for f in scan(capped, "--gpu", "L4", "--max-num-seqs", "6")["targets"][0]["findings"]}
+    assert "inferred from the running-count plateau" in inferred["max_num_seqs"]["explanation"]
+    assert "(max_num_seqs 6, hint)" in hinted["max_num_seqs"]["explanation"]
+    # SLOs: the same server judged against a TPOT objective it misses
+    slo = scan(capped, "--gpu", "L4", "--ttft-slo", "500ms", "--tpot-slo", "0.02")["targets"][0]["findings"]
+    assert any("against a 20 ms SLO" in f["explanation"] for f in slo), slo

@@ -85,7 +85,7 @@ def test_every_help_example_runs_as_written(tmp_path):
     help_text = sh("vllm-drift scan --help", tmp_path).stdout
     examples = [line.strip() for line in EXAMPLES.splitlines()
                 if line.strip().startswith(("vllm-drift", "(vllm-drift"))]
-    assert len(examples) == 6 and all(e in help_text for e in examples)
+    assert len(examples) == 7 and all(e in help_text for e in examples)
     running, _ = start("kv-pressure", seed=1)
     with running:
         url = running.urls[0]

@@ -65,6 +65,10 @@ def test_file_sd_errors_name_the_entry(tmp_path):
     src = FileSDSource([str(f)], on_error=lambda s, m: errors.append(m))
     assert src.targets() == []
     assert errors[0].startswith(f"{f}: [1].targets[0]: not a URL")
+    f.write_text(json.dumps([{"targets": ["ok:8000"], "labels": {"quantization": "fp9"}}]))
+    os.utime(f, (time.time() + 3, time.time() + 3))
+    src.targets()
+    assert errors[-1].startswith(f"{f}: [0].labels.quantization: unknown quantization 'fp9'"), errors[-1]
     f.write_text(json.dumps([{"targetz": []}]))
     os.utime(f, (time.time() + 5, time.time() + 5))
     src.targets()

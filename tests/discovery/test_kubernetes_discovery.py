@@ -231,6 +231,20 @@ def test_gpu_products_map_to_catalog(product, name):
     assert catalog_gpu(product) == name
 
 
+def test_a_scheme_the_calculator_does_not_know_keeps_the_pod():
+    # the server's own flag: vLLM runs it, so the pod stays a target and the scheme rides as a label
+    # (the prediction's note then says the calculator cannot size it)
+    t = pod_target(pod("g", args=["--model", "m/q", "--quantization", "gguf"]), 8000)
+    assert "quantization" not in t.hints and t.labels["quantization"] == "gguf" and not t.problems
+    # an annotation is the operator's hint: a typo is a reported problem, the server's flag stands
+    t = pod_target(pod("h", args=["--model", "m/q", "--quantization", "fp8"],
+                       annotations={"vllm-drift.io/quantization": "fp9"}), 8000)
+    assert t.hints["quantization"] == "fp8"
+    [problem] = t.problems
+    assert problem.startswith("vllm-drift.io/quantization='fp9' is not a quantization scheme the calculator knows (")
+    assert all(s in problem for s in ("fp8", "awq", "gptq", "nvfp4", "mxfp4"))
+
+
 def test_pod_without_vllm_port_uses_vllm_container():
     p = pod("x", port=9999, args=["--model", "m/q", "-tp", "2"])
     t = pod_target(p, 8000)
