@@ -79,9 +79,11 @@ def _grid(v: float) -> float:
 
 
 def pool_key(setup: Setup) -> str:
-    """Servers alike enough to share a step-time calibration."""
+    """Servers alike enough to share a step-time calibration. An --enforce-eager server waits on
+    its kernel launches, which no fitted factor describes: it pools only with eager servers."""
     version = ".".join(str(v) for v in setup.vllm_version) if setup.vllm_version else "?"
-    return f"{setup.model.name}|{setup.gpu.name}|tp{setup.tp}|pp{setup.pp}|{setup.quantization or 'native'}|{version}"
+    return (f"{setup.model.name}|{setup.gpu.name}|tp{setup.tp}|pp{setup.pp}|{setup.quantization or 'native'}|{version}"
+            + ("|eager" if setup.enforce_eager else ""))
 
 
 @dataclass(frozen=True)

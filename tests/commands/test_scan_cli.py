@@ -175,6 +175,7 @@ def test_each_hint_reaches_the_prediction_and_the_findings(tmp_path):
     # 28 layers' kernel launches (~0.3 ms each) against ~4 ms of GPU work; the pool is the same
     assert eager["prior_tpot_seconds"] > 2 * plain["prior_tpot_seconds"] > 0
     assert eager["kv_cache_tokens"] == plain["kv_cache_tokens"] > 0
+    assert eager["calibration"]["pool"] == plain["calibration"]["pool"] + "|eager"
     fp8 = target("--quantization", "fp8")["predicted"]
     assert fp8["kv_cache_tokens"] > plain["kv_cache_tokens"]       # half the weights' bytes
     [mismatch] = target("--pp", "2")["findings"]
