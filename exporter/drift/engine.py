@@ -134,7 +134,7 @@ class DriftEngine:
             return self._scores(x, [], findings, status, notes, tracker, statuses)
         if ok and not quiet:
             status = "ok"
-            ran = [f for rule in rules for f in rule(x)]
+            ran = _per_engine([f for rule in rules for f in rule(x)], x.engines)
             raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
             findings = tracker.update(raw, now)
             judged = set(names)
@@ -145,7 +145,7 @@ class DriftEngine:
             # short or quiet window's handful
             scope = tuple(n for n in INSTANT if n != "max_model_len" or x.lifetime_shapes)
             scope += ("idle_capacity",) if ok else ()
-            ran = [f for rule in rules for f in rule(x)]
+            ran = _per_engine([f for rule in rules for f in rule(x)], x.engines)
             ran = [f for f in ran if _instant(f, scope) or (f.finding == "unavailable" and
                                                              _finding_of(f) in scope)]
             raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
@@ -255,6 +255,16 @@ RULE_FINDING = {"rule_kv_pressure": "kv_pressure", "rule_max_num_seqs": "max_num
                 "rule_enable_prefix_caching": "enable_prefix_caching", "rule_kv_cache_dtype": "kv_cache_dtype",
                 "rule_idle_capacity": "idle_capacity", "rule_tier_misplacement": "tier_misplacement",
                 "rule_hint_mismatch": "hint_mismatch"}
+
+
+def _per_engine(found: list[Finding], engines: int) -> list[Finding]:
+    """Findings of a server with several data-parallel engines say that their counts, rates and
+    recommended values are one engine's (vLLM applies max_num_seqs, the token budget and the KV
+    pool per engine, and the rules judged one engine's share of the load)."""
+    if engines <= 1:
+        return found
+    note = f" Figures are per engine: {engines} data-parallel engines serve behind this server, each with these settings."
+    return [f if f.finding == "unavailable" else replace(f, explanation=f.explanation + note) for f in found]
 
 
 def _finding_of(f: Finding) -> str:

@@ -69,13 +69,15 @@ class DriftInput:
     samples: int = 0
     reset: bool = False                          # a counter reset happened inside the window
 
-    # -- load (rates per second over the window; None: family missing)
+    # -- load: one data-parallel engine's (the server's totals over `engines`: vLLM applies
+    # max_num_seqs, the token budget and the KV pool per engine); rates per second over the
+    # window; None: family missing
+    engines: int = 1                             # data-parallel engines behind the exposition
     arrival_rps: float | None = None             # finished requests / s (all reasons)
     prompt_tps: float | None = None              # prompt tokens / s
     generation_tps: float | None = None          # generated tokens / s
     preemptions_ps: float | None = None
     steps_ps: float | None = None                # engine steps / s (iteration_tokens count)
-    prefix_queries_tps: float | None = None      # prefix-cache queried tokens / s
 
     # -- request shapes
     prompt_mean: float | None = None

@@ -161,21 +161,28 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         out_p99 = min(out_p99, maxtok_top)
     if out_p99 is not None and mml is not None:
         out_p99 = min(out_p99, mml)
+    engines = max(1, int(latest.engines or 1))
+
+    def per_engine(name: str) -> float | None:
+        """A server total (rate, running or waiting count) as one engine's share: the load
+        balancer spreads requests over the engines, each with its own batch and pool."""
+        v = finite_float(getattr(obs, name, None))
+        return None if v is None else v / engines
     backend = backend_of(version=metadata.vllm_version if metadata else None, metric_names=latest.families,
                          cache_config=latest.cache_config, device=ident.device_hint)
 
     return DriftInput(
-        target=ident.target, model_name=ident.model_name, era=latest.engine_era,
+        target=ident.target, model_name=ident.model_name, era=latest.engine_era, engines=engines,
         vllm_version=read_version(metadata.vllm_version if metadata else None),
         window_s=float(getattr(window, "duration", window_s) if window is not None else window_s),
         covered_s=finite_float(getattr(obs, "duration_s", 0.0)) or 0.0, samples=int(getattr(obs, "samples", 0) or 0),
         history_s=finite_float(getattr(obs, "history_s", 0.0)) or 0.0,
         reset=bool(getattr(obs, "reset", False)),
-        arrival_rps=finite_float(getattr(obs, "requests_per_s", None)),
-        prompt_tps=finite_float(getattr(obs, "prompt_tokens_per_s", None)),
-        generation_tps=finite_float(getattr(obs, "generation_tokens_per_s", None)),
-        preemptions_ps=finite_float(getattr(obs, "preemptions_per_s", None)),
-        steps_ps=finite_float(getattr(obs, "engine_steps_per_s", None)),
+        arrival_rps=per_engine("requests_per_s"),
+        prompt_tps=per_engine("prompt_tokens_per_s"),
+        generation_tps=per_engine("generation_tokens_per_s"),
+        preemptions_ps=per_engine("preemptions_per_s"),
+        steps_ps=per_engine("engine_steps_per_s"),
         prompt_mean=_q(prompt, "mean"), prompt_p50=_q(prompt, "p50"), prompt_p99=_q(prompt, "p99"),
         prompt_p25=finite_float(prompt_hist.quantile(0.25)) if prompt_hist is not None else None,
         output_mean=_q(gen, "mean"), output_p99=out_p99,
@@ -189,8 +196,8 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         spec_mean_accepted=None if mean_len is None else mean_len - 1.0,
         spec_k=spec_k, iteration_tokens_max=_top_populated(steps_hist),
         kv_usage_mean=finite_float(getattr(obs, "kv_usage_mean", None)), kv_usage_max=finite_float(getattr(obs, "kv_usage_max", None)),
-        running_mean=finite_float(getattr(obs, "running_mean", None)), running_max=finite_float(getattr(obs, "running_max", None)),
-        waiting_mean=finite_float(getattr(obs, "waiting_mean", None)), waiting_max=finite_float(getattr(obs, "waiting_max", None)),
+        running_mean=per_engine("running_mean"), running_max=per_engine("running_max"),
+        waiting_mean=per_engine("waiting_mean"), waiting_max=per_engine("waiting_max"),
         ttft_p50=_q(ttft, "p50"), ttft_p99=_q(ttft, "p99"), tpot_p50=_q(tpot, "p50"), tpot_p99=_q(tpot, "p99"),
         queue_p99=_q(queue, "p99"), e2e_mean=_q(getattr(obs, "e2e", None), "mean"),
         itl_mean=_q(getattr(obs, "itl", None) or tpot, "mean"),
@@ -203,7 +210,7 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         gpu=ident.gpu, tp=ident.tp, pp=ident.pp, model=ident.resolved.model_id,
         missing_hints=ident.resolved.missing, backend=backend.kind, backend_evidence=backend.evidence,
         observation_only=backend.observation_only,
-        max_running_seen=finite_float(getattr(obs, "max_running_seen", None)),
+        max_running_seen=per_engine("max_running_seen"),
         max_num_seqs=ident.max_num_seqs, max_num_batched_tokens=ident.max_num_batched_tokens,
         slo_ttft_s=slo.ttft_p99 if slo else None, slo_tpot_s=slo.tpot_p99 if slo else None,
         families=frozenset(set(latest.gauges) | set(latest.counters) | set(latest.histograms)),

@@ -189,3 +189,35 @@ def test_each_hint_reaches_the_prediction_and_the_findings(tmp_path):
     # SLOs: the same server judged against a TPOT objective it misses
     slo = scan(capped, "--gpu", "L4", "--ttft-slo", "500ms", "--tpot-slo", "0.02")["targets"][0]["findings"]
     assert any("against a 20 ms SLO" in f["explanation"] for f in slo), slo
+
+
+def two_engines(text: str) -> str:
+    """The same exposition as if a second data-parallel engine (engine="1") had served exactly
+    what engine 0 did."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        out.append(line)
+        if not line.startswith("#") and 'engine="0"' in line:
+            out.append(line.replace('engine="0"', 'engine="1"'))
+    return "".join(out)
+
+
+def test_data_parallel_engines_are_judged_one_engine_at_a_time(tmp_path):
+    # vLLM applies max_num_seqs, the token budget and the KV pool per engine, and sums the
+    # engines' running counts and rates in /metrics: a server of two identical engines must get
+    # one engine's verdicts, not those of one engine with twice the batch
+    capped = dump(tmp_path, "capped.prom", "--scenario", "max-num-seqs-too-low", at=(120, 240))
+    doubled = tmp_path / "dp2.prom"
+    doubled.write_text(two_engines(capped.read_text()))
+    one = scan(capped, "--gpu", "L4")["targets"][0]
+    two = scan(doubled, "--gpu", "L4")["targets"][0]
+    assert two["observed"]["num_requests_running"] == 2 * one["observed"]["num_requests_running"] > 0
+    f1 = {f["finding"]: f for f in one["findings"]}
+    f2 = {f["finding"]: f for f in two["findings"]}
+    assert f1.keys() == f2.keys() and "max_num_seqs" in f1
+    assert f2["max_num_seqs"]["configured"] == f1["max_num_seqs"]["configured"] == 6
+    for name, f in f1.items():
+        assert (f2[name]["recommended"], f2[name]["score"]) == (f["recommended"], f["score"]), name
+        assert "per engine: 2 data-parallel engines" in f2[name]["explanation"]
+        assert "data-parallel" not in f["explanation"]
+    assert two["predicted"]["tpot_seconds"] == pytest.approx(one["predicted"]["tpot_seconds"])

@@ -23,7 +23,7 @@ def tier(gpu: str, tp: int, replicas: int, dollars_per_hour: float) -> Tier:
 HEALTHY = DriftInput(
     target="http://a:8000", model_name="m", vllm_version=(0, 11, 0), window_s=60, covered_s=60, samples=30,
     arrival_rps=0.7, prompt_tps=650.0, generation_tps=150.0, preemptions_ps=0.0, steps_ps=20.0,
-    prefix_queries_tps=650.0, prompt_mean=900, prompt_p50=800, prompt_p25=500, prompt_p99=2600,
+    prompt_mean=900, prompt_p50=800, prompt_p25=500, prompt_p99=2600,
     output_mean=220, output_p99=700, length_share=0.0, prefix_hit_ratio=0.15,
     kv_usage_mean=0.25, kv_usage_max=0.45, running_mean=10.0, running_max=17, waiting_mean=0.0,
     waiting_max=0, ttft_p99=0.8, tpot_p99=0.07, num_gpu_blocks=1900, block_size=16,
@@ -112,7 +112,7 @@ def test_max_model_len_oversized_and_too_small():
 
 
 def test_prefix_caching_off_is_reported_on_v1_only():
-    x = replace(HEALTHY, enable_prefix_caching=False, prompt_p25=1500, prompt_mean=1650, prefix_queries_tps=0.0)
+    x = replace(HEALTHY, enable_prefix_caching=False, prompt_p25=1500, prompt_mean=1650)
     [f] = rule_enable_prefix_caching(x)
     assert f.severity in ("warning", "critical") and f.recommended is True and f.configured is False
     assert rule_enable_prefix_caching(replace(x, era="v0")) == []
