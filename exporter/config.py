@@ -127,6 +127,8 @@ class TargetSpec(_Strict):
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     enforce_eager: bool | None = None   # the server runs --enforce-eager (no CUDA graphs)
+    dp: int | None = Field(default=None, ge=1)  # --data-parallel-size (else the engines its /metrics shows)
+    expert_parallel: bool | None = None  # --enable-expert-parallel (whole MoE experts per rank)
     slo: SLO | None = None
     labels: dict[str, str] = Field(default_factory=dict)  # extra discovery labels, kept as hints
     source: str = "static"

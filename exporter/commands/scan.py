@@ -82,6 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the server's --max-num-batched-tokens, as vLLM reads it (16k, 16K)")
     hints.add_argument("--enforce-eager", action="store_true",
                        help="the server runs --enforce-eager (no CUDA graphs)")
+    hints.add_argument("--data-parallel", dest="dp", type=int, metavar="N",
+                       help="the server's --data-parallel-size (default: the engines its /metrics shows)")
+    hints.add_argument("--enable-expert-parallel", dest="expert_parallel", action="store_true",
+                       help="the server runs --enable-expert-parallel (whole MoE experts per GPU)")
     hints.add_argument("--ttft-slo", metavar="SECONDS", help="TTFT p99 objective (0.5, 500ms)")
     hints.add_argument("--tpot-slo", metavar="SECONDS", help="TPOT p99 objective (0.05, 50ms)")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per request (URLs)")
@@ -112,7 +116,8 @@ def _read(source: str) -> bytes:
 # hint flag -> the TargetSpec field it fills
 HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "quantization": "--quantization",
               "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
-              "enforce_eager": "--enforce-eager"}
+              "enforce_eager": "--enforce-eager", "dp": "--data-parallel",
+              "expert_parallel": "--enable-expert-parallel"}
 SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
 
 

@@ -20,7 +20,7 @@ from exporter.config import TargetSpec
 from exporter.discovery.vllm_args import token_count
 from exporter.errors import ConfigError
 
-_HINTS = {"gpu": str, "tp": int, "pp": int, "model": str, "quantization": str,
+_HINTS = {"gpu": str, "tp": int, "pp": int, "dp": int, "model": str, "quantization": str,
           "max_num_seqs": int, "max_num_batched_tokens": token_count, "name": str}
 _EXPECTED = {int: "an integer", str: "a string", token_count: "a token count (8192, 16k, 16K)"}
 

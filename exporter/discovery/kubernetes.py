@@ -58,8 +58,8 @@ _POD_HINTS: dict[str, tuple[str, Any]] = {
 }
 # argv hints that are not TargetSpec fields ride along as string labels
 _ARG_LABELS = ("served_model_name", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
-               "enable_prefix_caching", "dp", "dtype", "block_size", "enforce_eager")
-_SPEC_FIELDS = ("gpu", "tp", "pp", "model", "quantization", "max_num_seqs", "max_num_batched_tokens")
+               "enable_prefix_caching", "dtype", "block_size", "enforce_eager", "expert_parallel")
+_SPEC_FIELDS = ("gpu", "tp", "pp", "dp", "model", "quantization", "max_num_seqs", "max_num_batched_tokens")
 
 
 class _Gone(Exception):

@@ -80,10 +80,13 @@ def _grid(v: float) -> float:
 
 def pool_key(setup: Setup) -> str:
     """Servers alike enough to share a step-time calibration. An --enforce-eager server waits on
-    its kernel launches, which no fitted factor describes: it pools only with eager servers."""
+    its kernel launches, which no fitted factor describes: it pools only with eager servers; an
+    MoE model's expert shards follow its data / expert parallelism."""
     version = ".".join(str(v) for v in setup.vllm_version) if setup.vllm_version else "?"
+    moe = (f"|dp{setup.dp}" + ("ep" if setup.expert_parallel else "")
+           if setup.model.is_moe and (setup.dp > 1 or setup.expert_parallel) else "")
     return (f"{setup.model.name}|{setup.gpu.name}|tp{setup.tp}|pp{setup.pp}|{setup.quantization or 'native'}|{version}"
-            + ("|eager" if setup.enforce_eager else ""))
+            + moe + ("|eager" if setup.enforce_eager else ""))
 
 
 @dataclass(frozen=True)

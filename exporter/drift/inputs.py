@@ -130,6 +130,7 @@ class DriftInput:
     gpu: str | None = None                        # resolved catalog name
     tp: int = 1
     pp: int = 1
+    dp: int = 1                                   # data-parallel ranks a MoE layer's experts spread over
     model: str | None = None                      # resolved catalog id / path
     max_num_seqs: int | None = None               # hint
     max_num_batched_tokens: int | None = None     # hint

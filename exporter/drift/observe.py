@@ -207,7 +207,8 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         max_model_len=mml, kv_cache_memory_gib=(kv_mem / 2**30 if kv_mem else None),
         pool_fixed_by=("--num-gpu-blocks-override" if cc.num_gpu_blocks_override else
                        "--kv-cache-memory-bytes" if kv_mem else None),
-        gpu=ident.gpu, tp=ident.tp, pp=ident.pp, model=ident.resolved.model_id,
+        # vLLM flattens TP across DP for the fused-MoE layer: the hint, else the engines shown
+        gpu=ident.gpu, tp=ident.tp, pp=ident.pp, dp=max(1, ident.dp or engines), model=ident.resolved.model_id,
         missing_hints=ident.resolved.missing, backend=backend.kind, backend_evidence=backend.evidence,
         observation_only=backend.observation_only,
         max_running_seen=per_engine("max_running_seen"),

@@ -111,6 +111,8 @@ class Identity:
     max_num_batched_tokens: int | None = None
     device_hint: str | None = None      # the GPU/device hint as given (for the backend verdict)
     enforce_eager: bool = False         # the server runs --enforce-eager (no CUDA graphs)
+    dp: int | None = None               # --data-parallel-size hint (else the engines the metrics show)
+    expert_parallel: bool = False       # --enable-expert-parallel: whole experts per rank
 
     @property
     def gpu(self) -> str | None:
@@ -139,7 +141,14 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                     tp=hint_int("tp") or 1, pp=hint_int("pp") or 1, quantization=hint("quantization"),
                     max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
                     device_hint=hint("gpu") or None,
-                    enforce_eager=str(hint("enforce_eager") or "").strip().lower() in ("true", "1", "yes"))
+                    enforce_eager=_flag(hint("enforce_eager")), dp=hint_int("dp"),
+                    expert_parallel=_flag(hint("expert_parallel")))
+
+
+def _flag(value: Any) -> bool:
+    """A boolean hint as a label carries it."""
+    return str(value or "").strip().lower() in ("true", "1", "yes")
+
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
@@ -168,7 +177,8 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                    # a pool given by --kv-cache-memory-bytes / --num-gpu-blocks-override says
                    # nothing about the GPU behind it
                    observed_kv_tokens=None if x.pool_fixed_by else x.kv_cache_tokens,
-                   calibration=calibration, enforce_eager=ident.enforce_eager)
+                   calibration=calibration, enforce_eager=ident.enforce_eager, dp=x.dp,
+                   expert_parallel=ident.expert_parallel)
 
 
 def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resolved:
@@ -180,7 +190,8 @@ def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resol
             and not x.observation_only):
         gpu = _described_gpu(res.model, int(ident.tp), int(ident.pp), ident.quantization, _kv_dtype(x.cache_dtype),
                              x.gpu_memory_utilization, int(x.block_size) if x.block_size else None,
-                             read_version(vllm_version), float(f"{x.kv_cache_tokens:.4g}"), hint)
+                             read_version(vllm_version), float(f"{x.kv_cache_tokens:.4g}"), hint,
+                             x.dp, ident.expert_parallel)
         if gpu is not None:
             res = replace(res, gpu=gpu, notes=res.notes + (
                 f"{hint!r} has no catalog row: described as a generic {gpu.memory_gib:.0f} GiB device (memory "
@@ -202,7 +213,7 @@ def setup_for(ident: Identity, x: DriftInput, vllm_version: str | None) -> Setup
                       _kv_dtype(x.cache_dtype), x.gpu_memory_utilization,
                       int(x.max_model_len) if x.max_model_len else None, x.max_num_seqs,
                       x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
-                      read_version(vllm_version), ident.enforce_eager)
+                      read_version(vllm_version), ident.enforce_eager, x.dp, ident.expert_parallel)
     except InputError:
         return None
 
@@ -222,11 +233,13 @@ def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
 @lru_cache(maxsize=512)
 def _setup(model: ModelArch, gpu: GPU, tp: int, pp: int, quantization: str | None, kv_dtype: str,
            util: float | None, max_model_len: int | None, max_num_seqs: int | None,
-           mnbt: int | None, block_size: int | None, version: tuple | None, enforce_eager: bool = False):
+           mnbt: int | None, block_size: int | None, version: tuple | None, enforce_eager: bool = False,
+           dp: int = 1, ep: bool = False):
     return Setup.build(model, gpu, tp=tp, pp=pp, quantization=quantization, kv_cache_dtype=kv_dtype,
                        gpu_memory_utilization=util, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
-                       block_size=block_size, vllm_version=version, enforce_eager=enforce_eager)
+                       block_size=block_size, vllm_version=version, enforce_eager=enforce_eager,
+                       dp=dp, expert_parallel=ep)
 
 
 def _kv_dtype(cache_dtype: str | None) -> str:
@@ -240,7 +253,8 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             vllm_version: str | None, traffic: Mapping[str, float | None],
             slo: Mapping[str, float | None], prices: Mapping[str, float],
             observed_kv_tokens: float | None = None,
-            calibration: perf.Calibration | None = None, enforce_eager: bool = False) -> Prediction:
+            calibration: perf.Calibration | None = None, enforce_eager: bool = False, dp: int = 1,
+            expert_parallel: bool = False) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note.
 
@@ -254,7 +268,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
         setup = _setup(res.model, res.gpu, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
                        gpu_memory_utilization, int(max_model_len) if max_model_len else None,
                        max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
-                       read_version(vllm_version), enforce_eager)
+                       read_version(vllm_version), enforce_eager, int(dp), bool(expert_parallel))
         cap = _pool(setup)
     except InputError as exc:
         notes.append(f"calculator: {exc}")
@@ -266,7 +280,8 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             likely = _likely_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
                                  gpu_memory_utilization, int(max_model_len) if max_model_len else None,
                                  max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
-                                 read_version(vllm_version), float(f"{observed_kv_tokens:.3g}"), res.gpu.name)
+                                 read_version(vllm_version), float(f"{observed_kv_tokens:.3g}"), res.gpu.name,
+                                 int(dp), bool(expert_parallel))
             notes.append(f"the server's KV pool ({observed_kv_tokens:,.0f} tokens) is {ratio:.2f}x what "
                          f"{res.gpu.name} x{tp} would hold for this model ({off_gib:.1f} GiB per GPU apart): "
                          f"the GPU hint looks wrong" + (f" (the pool fits {' or '.join(likely)})" if likely else "")
@@ -304,13 +319,14 @@ def _pool(setup: Setup):
 @lru_cache(maxsize=256)
 def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
                    util: float | None, block_size: int | None, version: Version | None,
-                   observed: float, name: str) -> GPU | None:
+                   observed: float, name: str, dp: int = 1, ep: bool = False) -> GPU | None:
     """A generic device whose memory makes this model's predicted pool the observed one: what the
     model needs beside the pool (weights, activations, graphs), probed on an 80 GiB device, plus
     the observed pool, over the memory utilisation."""
     try:
         probe = generic_gpu(80.0, name=name)
-        setup = _setup(model, probe, tp, pp, quantization, kv_dtype, util, None, None, None, block_size, version)
+        setup = _setup(model, probe, tp, pp, quantization, kv_dtype, util, None, None, None, block_size, version,
+                       dp=dp, ep=ep)
         cap = kv_capacity(setup, check_fits=False)
         used = setup.gpu_memory_utilization * setup.gpu_memory_gib
         beside = used - cap.memory.kv_cache_gib
@@ -324,7 +340,7 @@ def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None,
 def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
                 util: float | None, max_model_len: int | None, max_num_seqs: int | None, mnbt: int | None,
                 block_size: int | None, version: Version | None, observed: float,
-                hinted: str) -> tuple[str, ...]:
+                hinted: str, dp: int = 1, ep: bool = False) -> tuple[str, ...]:
     """The catalog GPUs whose predicted pool for this model is closest to the observed one (within
     10% of their memory), best first; cards of one memory class (L4, A30, RTX 4090) hold alike
     pools, so all of them within 3 points of the best are named."""
@@ -335,7 +351,7 @@ def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv
         gpu = find_gpu(name)
         try:
             setup = _setup(model, gpu, tp, pp, quantization, kv_dtype, util, max_model_len, max_num_seqs,
-                           mnbt, block_size, version)
+                           mnbt, block_size, version, dp=dp, ep=ep)
             cap = kv_capacity(setup, check_fits=False)
         except (InputError, ArithmeticError, ValueError, TypeError):
             continue

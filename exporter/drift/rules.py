@@ -669,6 +669,8 @@ def rule_hint_mismatch(x: DriftInput) -> list[Finding]:
     likely, ratio = mm
     score = 1.0 - min(ratio, 1.0 / ratio) if ratio > 0 else 1.0
     layout = f"x{x.tp}" if x.pp == 1 else f"x{x.tp * x.pp} (TP {x.tp} x PP {x.pp})"
+    if x.dp > 1:
+        layout += f" per engine, {x.dp} data-parallel engines"
     expl = (f"the GPU hint says {x.prediction.hinted_gpu or x.gpu} {layout}, but the server's KV pool "
             f"({_fmt(x.kv_cache_tokens)} tokens) is {ratio:.2f}x what that would hold for this model"
             + (f"; it matches {' or '.join(likely)}" if likely else "; no catalogued GPU matches it")

@@ -1,6 +1,7 @@
 """`vllm-drift scan --json` on every real capture: the canonical values the exposition holds, read
 independently here with prometheus_client's parser; stdin; a live URL over loopback."""
 import json
+import re
 import subprocess
 import sys
 
@@ -221,3 +222,40 @@ def test_data_parallel_engines_are_judged_one_engine_at_a_time(tmp_path):
         assert "per engine: 2 data-parallel engines" in f2[name]["explanation"]
         assert "data-parallel" not in f["explanation"]
     assert two["predicted"]["tpot_seconds"] == pytest.approx(one["predicted"]["tpot_seconds"])
+
+
+def kv_tokens(*flags):
+    out = subprocess.run([sys.executable, "-m", "exporter", "calc", *flags, "--json"], capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    return int(json.loads(out.stdout)["kv_cache"]["tokens"])
+
+
+def test_a_data_parallel_moe_server_is_predicted_with_its_experts_spread_over_the_engines(tmp_path):
+    # vLLM flattens TP across DP for the fused-MoE layer: with two engines each GPU holds half the
+    # experts, and its pool is that much larger than one engine alone would have
+    model, gpu = "Qwen/Qwen3-30B-A3B", "H100-SXM-80GB"
+    single = dump(tmp_path, "moe.prom", "--scenario", "healthy", "--model", model, "--gpu", gpu).read_text()
+    body = two_engines(single)
+    setup = ["--model", model, "--gpu", gpu, "--max-model-len", "4096", "--max-num-seqs", "48",
+             "--max-num-batched-tokens", "2048", "--gpu-memory-utilization", "0.9", "--vllm-version", "0.11.0"]
+    blocks = int(re.search(r'num_gpu_blocks="(\d+)"', body).group(1))
+    assert blocks * 16 == kv_tokens(*setup)        # the simulator sized one engine's pool as calc does
+    sharded_pool = kv_tokens(*setup, "--data-parallel", "2")
+    assert sharded_pool > 2 * blocks * 16
+
+    def scan_server(text, *hints):
+        routes = {"/metrics": text.encode(), "/version": b'{"version": "0.11.0"}',
+                  "/v1/models": json.dumps({"data": [{"id": model, "max_model_len": 4096}]}).encode()}
+        with loopback.Site(loopback.static(routes)) as site:
+            return scan(site.url, "--gpu", "H100", "--max-num-seqs", "48", "--max-num-batched-tokens", "2048",
+                        *hints)["targets"][0]
+    sharded = scan_server(body.replace(f'num_gpu_blocks="{blocks}"', f'num_gpu_blocks="{sharded_pool // 16}"'))
+    assert sharded["predicted"]["kv_cache_tokens"] == sharded_pool
+    assert not [f for f in sharded["findings"] if f["finding"] == "hint_mismatch"]
+    # one rank per server behind an outside load balancer: its /metrics shows one engine, the hint says DP 2
+    ranked = single.replace(f'num_gpu_blocks="{blocks}"', f'num_gpu_blocks="{sharded_pool // 16}"')
+    assert scan_server(ranked, "--data-parallel", "2")["predicted"]["kv_cache_tokens"] == sharded_pool
+    assert scan_server(ranked)["predicted"]["kv_cache_tokens"] is None     # DP 1: that pool is a mismatch
+    # two engines that each kept one engine's pool: not what vLLM would have given them
+    [mismatch] = [f for f in scan_server(body)["findings"] if f["finding"] == "hint_mismatch"]
+    assert "2 data-parallel engines" in mismatch["explanation"]

@@ -207,6 +207,8 @@ def test_missing_kubeconfig_is_reported_not_fatal(tmp_path):
     (["vllm", "serve", "m/w", "--served-model-name", "a", "b", "--quantization", "fp8", "--gpu-memory-utilization", "0.85"],
      {"model": "m/w", "served_model_name": "a", "quantization": "fp8", "gpu_memory_utilization": 0.85}),
     (["vllm", "serve", "m/v", "--tensor-parallel-size", "lots"], {"model": "m/v"}),
+    (["vllm", "serve", "m/e", "--data-parallel-size", "4", "--enable-expert-parallel"],
+     {"model": "m/e", "dp": 4, "expert_parallel": True}),
     # vLLM's human-readable counts: lower-case suffixes are powers of 1000, upper-case of 1024
     (["vllm", "serve", "m/u", "--max-num-batched-tokens", "16k", "--max-model-len", "32K"],
      {"model": "m/u", "max_num_batched_tokens": 16000, "max_model_len": "32K"}),
