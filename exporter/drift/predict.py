@@ -150,7 +150,6 @@ def _flag(value: Any) -> bool:
     return str(value or "").strip().lower() in ("true", "1", "yes")
 
 
-
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                 spec_per_position: tuple[float, ...] | None, prices: Mapping[str, float],
                 calibration: perf.Calibration | None = None) -> Prediction:
