@@ -75,7 +75,7 @@ def capture_record(name: str) -> dict:
 def test_all_expected_captures_present():
     names = {p.name for p in PROM_FILES}
     for n in ["idle", "load-a", "load-b", "kv-pressure", "kv-pressure-a", "kv-pressure-b",
-              "specdecode", "prefix"]:
+              "specdecode", "prefix", "dp2-a", "dp2-b"]:
         assert f"{P}{n}.prom" in names
     assert (FIX / "CAPTURES.md").is_file()
 
@@ -90,12 +90,29 @@ def test_capture_is_real_vllm_exposition(path: Path):
     for n in vllm - {"vllm:cache_config_info"}:
         for s in fams[n].samples:
             assert s.labels.get("model_name") == "tiny-llama", (n, s)
-    info = cache_info(fams)
-    assert info["block_size"] == str(BLOCK_SIZE_CPU)
-    blocks, tokens = int(info["num_gpu_blocks"]), int(info["kv_cache_size_tokens"])
-    assert tokens == blocks * BLOCK_SIZE_CPU
-    assert int(info["kv_cache_memory_bytes"]) == tokens * BYTES_PER_TOKEN
-    assert 0.0 <= value(fams, "vllm:kv_cache_usage_perc") <= 1.0
+    infos = [s.labels for s in fams["vllm:cache_config_info"].samples if s.name.endswith("_info")]
+    engines = len(infos)                       # one cache_config_info per data-parallel engine
+    assert engines == (2 if "-dp2-" in path.name else 1)
+    for info in infos:
+        assert info["block_size"] == str(BLOCK_SIZE_CPU)
+        blocks, tokens = int(info["num_gpu_blocks"]), int(info["kv_cache_size_tokens"])
+        # per engine: tokens and bytes; num_gpu_blocks is every engine's summed by vLLM's frontend
+        assert blocks == engines * tokens // BLOCK_SIZE_CPU
+        assert int(info["kv_cache_memory_bytes"]) == tokens * BYTES_PER_TOKEN
+        assert 0.0 <= value(fams, "vllm:kv_cache_usage_perc", engine=info["engine"]) <= 1.0
+
+
+def test_data_parallel_engines_each_run_their_own_batch():
+    # --data-parallel-size 2 --max-num-seqs 8 --kv-cache-memory-bytes 6291456, 32 clients
+    for name in ("dp2-a", "dp2-b"):
+        fams = families(P + name + ".prom")
+        for engine in ("0", "1"):
+            assert value(fams, "vllm:num_requests_running", engine=engine) == 8      # max_num_seqs each
+            assert value(fams, "vllm:num_requests_waiting", engine=engine) == 8      # 32 - 2 x 8, split
+            assert value(fams, "vllm:prompt_tokens", engine=engine) > 0
+            info = [s.labels for s in fams["vllm:cache_config_info"].samples
+                    if s.name.endswith("_info") and s.labels["engine"] == engine]
+            assert int(info[0]["kv_cache_size_tokens"]) == 6291456 // BYTES_PER_TOKEN
 
 
 def test_idle_has_no_traffic_and_default_pool():

@@ -7,7 +7,7 @@
 #   WORK_DIR   scratch dir; the model is built/served from here by its relative name (required)
 #   OUT_DIR    where captures go (default: $WORK_DIR/out)
 #   PORT       loopback port (default 8011)
-#   ONLY       space-separated subset of: default kvpressure specdecode prefix
+#   ONLY       space-separated subset of: default kvpressure specdecode prefix dp
 # The model is served by a relative path so that /v1/models "root" holds no machine path.
 set -euo pipefail
 : "${VLLM_PY:?set VLLM_PY to the vLLM venv python}"
@@ -15,7 +15,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT_DIR="${OUT_DIR:-$WORK_DIR/out}"
 PORT="${PORT:-8011}"
-ONLY="${ONLY:-default kvpressure specdecode prefix}"
+ONLY="${ONLY:-default kvpressure specdecode prefix dp}"
 MODEL=tiny-llama
 P=vllm-0.32.0-cpu
 mkdir -p "$WORK_DIR" "$OUT_DIR"
@@ -52,6 +52,13 @@ for run in $ONLY; do
       --load "--concurrency 8 --prompt-tokens 1152 --output-tokens 64 --count 100000 --duration 60 --shared-prefix-tokens 1024 --seed 4 --no-stream" \
       --at "58:$P-prefix.prom" \
       -- "${COMMON[@]}" --max-num-seqs 64 --enable-prefix-caching > "$WORK_DIR/prefix.json" ;;
+  dp)
+    # two data-parallel engines behind one server, each capped at 8 running with 8 waiting
+    cap --log "$WORK_DIR/dp.log" \
+      --load "--concurrency 32 --prompt-tokens 512 --output-tokens 512 --count 100000 --duration 80 --seed 5 --no-stream" \
+      --at "30:$P-dp2-a.prom" --at "60:$P-dp2-b.prom" \
+      -- "${COMMON[@]}" --max-num-seqs 8 --kv-cache-memory-bytes 6291456 --data-parallel-size 2 \
+      > "$WORK_DIR/dp.json" ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done

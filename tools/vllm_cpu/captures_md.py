@@ -34,6 +34,7 @@ RUN_TITLES = {
     "kv-pressure": "KV pressure: 3 MiB KV pool (48 blocks of 128)",
     "specdecode": "N-gram speculative decoding",
     "prefix": "Prefix caching with shared-prefix prompts",
+    "dp2": "Data parallel: two engines (--data-parallel-size 2), max_num_seqs 8 each, 32 clients",
 }
 
 
