@@ -104,11 +104,11 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
     """`obs` is the window's summary, `hists` the histogram deltas it computed
     (`Window.summary(now, hists)`)."""
     cc = latest.config
-    blocks = finite_float(cc.num_gpu_blocks)
+    engines = max(1, int(latest.engines or 1))
+    # the frontend sums the DP engines' blocks into num_gpu_blocks (Snapshot.kv_cache_tokens)
+    blocks = None if cc.num_gpu_blocks is None else finite_float(cc.num_gpu_blocks / engines)
     bs = finite_float(cc.block_size)
-    tokens = finite_float(cc.kv_cache_size_tokens)
-    if tokens is None and blocks and bs:
-        tokens = blocks * bs
+    tokens = finite_float(latest.kv_cache_tokens())
     kv_mem = cc.kv_cache_memory_bytes
     mml = finite_float(observed.get("max_model_len"))
     if mml is None:
@@ -161,7 +161,6 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         out_p99 = min(out_p99, maxtok_top)
     if out_p99 is not None and mml is not None:
         out_p99 = min(out_p99, mml)
-    engines = max(1, int(latest.engines or 1))
 
     def per_engine(name: str) -> float | None:
         """A server total (rate, running or waiting count) as one engine's share: the load

@@ -27,15 +27,6 @@ class CacheConfig:
     kv_cache_max_concurrency: float | None = None
     sliding_window: int | None = None
 
-    @property
-    def kv_cache_tokens(self) -> int | None:
-        """KV capacity in tokens: `kv_cache_size_tokens`, else num_gpu_blocks x block_size."""
-        if self.kv_cache_size_tokens is not None:
-            return self.kv_cache_size_tokens
-        if self.num_gpu_blocks is not None and self.block_size is not None:
-            return self.num_gpu_blocks * self.block_size
-        return None
-
 
 def read_cache_config(labels: Mapping[str, str]) -> CacheConfig:
     return _read(tuple(labels.items()))

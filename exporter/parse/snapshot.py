@@ -152,6 +152,14 @@ class Snapshot:
         return read_cache_config(self.cache_config)
 
     def kv_cache_tokens(self) -> int | None:
-        """KV capacity in tokens: `kv_cache_size_tokens` (0.24+, hybrid-aware), else
-        num_gpu_blocks x block_size."""
-        return self.config.kv_cache_tokens
+        """One engine's KV capacity in tokens: `kv_cache_size_tokens` (0.24+, hybrid-aware, per
+        engine), else num_gpu_blocks x block_size over the engines: with data parallelism the
+        frontend sums every engine's blocks into the one `num_gpu_blocks` each engine's
+        cache_config_info carries (v1/engine/core_client.py; a real DP=2 capture shows 192
+        blocks on each engine of 96)."""
+        cfg = self.config
+        if cfg.kv_cache_size_tokens is not None:
+            return cfg.kv_cache_size_tokens
+        if cfg.num_gpu_blocks is not None and cfg.block_size is not None:
+            return cfg.num_gpu_blocks // max(1, self.engines) * cfg.block_size
+        return None

@@ -97,7 +97,7 @@ def observed_signals(snapshot: Snapshot, observed: Observed | None = None, *,
     # configuration the server reports
     out["num_gpu_blocks"] = cfg.num_gpu_blocks
     out["block_size"] = cfg.block_size
-    out["kv_cache_tokens"] = cfg.kv_cache_tokens
+    out["kv_cache_tokens"] = snapshot.kv_cache_tokens()
     out["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     out["enable_prefix_caching"] = cfg.enable_prefix_caching
     out["cache_dtype"] = cfg.cache_dtype

