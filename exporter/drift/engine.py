@@ -123,7 +123,6 @@ class DriftEngine:
         quiet = low_traffic(x) if ok else ""
         blind = (x.kv_usage_max is None and x.running_mean is None and x.waiting_mean is None
                  and x.prompt_tps is None)
-        ran: list[Finding] = []
         if blind:
             # e.g. --disable-log-stats: vLLM then exports its config but no load at all
             status = "unavailable"
@@ -132,9 +131,9 @@ class DriftEngine:
             statuses = {n: {"status": "unavailable", "reason": reason} for n in names}
             findings = tracker.hold(now, x.window_s)
             return self._scores(x, [], findings, status, notes, tracker, statuses)
+        ran = _per_engine([f for rule in rules for f in rule(x)], x.engines)
         if ok and not quiet:
             status = "ok"
-            ran = _per_engine([f for rule in rules for f in rule(x)], x.engines)
             raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
             findings = tracker.update(raw, now)
             judged = set(names)
@@ -145,7 +144,6 @@ class DriftEngine:
             # short or quiet window's handful
             scope = tuple(n for n in INSTANT if n != "max_model_len" or x.lifetime_shapes)
             scope += ("idle_capacity",) if ok else ()
-            ran = _per_engine([f for rule in rules for f in rule(x)], x.engines)
             ran = [f for f in ran if _instant(f, scope) or (f.finding == "unavailable" and
                                                              _finding_of(f) in scope)]
             raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])

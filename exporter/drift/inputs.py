@@ -116,9 +116,8 @@ class DriftInput:
     itl_mean: float | None = None                 # ~ the engine step time while decoding
 
     # -- configuration the server reports
-    num_gpu_blocks: float | None = None
     block_size: float | None = None
-    kv_cache_tokens: float | None = None          # kv_cache_size_tokens or blocks x block size
+    kv_cache_tokens: float | None = None          # one engine's pool (Snapshot.kv_cache_tokens)
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
     cache_dtype: str | None = None

@@ -105,8 +105,6 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
     (`Window.summary(now, hists)`)."""
     cc = latest.config
     engines = max(1, int(latest.engines or 1))
-    # the frontend sums the DP engines' blocks into num_gpu_blocks (Snapshot.kv_cache_tokens)
-    blocks = None if cc.num_gpu_blocks is None else finite_float(cc.num_gpu_blocks / engines)
     bs = finite_float(cc.block_size)
     tokens = finite_float(latest.kv_cache_tokens())
     kv_mem = cc.kv_cache_memory_bytes
@@ -200,7 +198,7 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         ttft_p50=_q(ttft, "p50"), ttft_p99=_q(ttft, "p99"), tpot_p50=_q(tpot, "p50"), tpot_p99=_q(tpot, "p99"),
         queue_p99=_q(queue, "p99"), e2e_mean=_q(getattr(obs, "e2e", None), "mean"),
         itl_mean=_q(getattr(obs, "itl", None) or tpot, "mean"),
-        num_gpu_blocks=blocks, block_size=bs, kv_cache_tokens=tokens,
+        block_size=bs, kv_cache_tokens=tokens,
         gpu_memory_utilization=cc.gpu_memory_utilization, enable_prefix_caching=cc.enable_prefix_caching,
         cache_dtype=cc.cache_dtype,
         max_model_len=mml, kv_cache_memory_gib=(kv_mem / 2**30 if kv_mem else None),

@@ -26,7 +26,7 @@ HEALTHY = DriftInput(
     prompt_mean=900, prompt_p50=800, prompt_p25=500, prompt_p99=2600,
     output_mean=220, output_p99=700, length_share=0.0, prefix_hit_ratio=0.15,
     kv_usage_mean=0.25, kv_usage_max=0.45, running_mean=10.0, running_max=17, waiting_mean=0.0,
-    waiting_max=0, ttft_p99=0.8, tpot_p99=0.07, num_gpu_blocks=1900, block_size=16,
+    waiting_max=0, ttft_p99=0.8, tpot_p99=0.07, block_size=16,
     kv_cache_tokens=30400, gpu_memory_utilization=0.9, enable_prefix_caching=True, cache_dtype="auto",
     max_model_len=4096, missing_hints=("gpu",))
 
