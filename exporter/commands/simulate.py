@@ -50,6 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--step-time-scale", type=float, default=None, metavar="S",
                    help="true step times are S x the calculator's (default: the scenario's, 1.0); "
                         "the exposition does not say so: a server the model must learn")
+    p.add_argument("--data-parallel", type=int, default=None, metavar="N",
+                   help="run N engine cores behind the server, as vLLM's --data-parallel-size "
+                        "(default: the scenario's vllm.data_parallel_size, 1); each gets 1/N of "
+                        "the traffic and its own max_num_seqs and KV pool")
     p.add_argument("--dump", type=float, default=None, metavar="S",
                    help="print the /metrics text after S simulated seconds (after warm-up) and "
                         "exit, without serving (e.g. `... --dump 60 | vllm-drift scan -`)")
@@ -72,12 +76,20 @@ DUMP_EPOCH = 1_767_225_600.0
 DUMP_STAMP = "# vllm-drift simulate dump: time"
 
 
-def _scaled(sc, scale: float | None):
-    if scale is None:
-        return sc
-    if not (0.01 <= scale <= 100):
-        raise InputError(f"--step-time-scale must be in [0.01, 100] (got {scale})")
-    return dataclasses.replace(sc, step_time_scale=scale)
+def _scaled(sc, scale: float | None, dp: int | None = None):
+    """The scenario with the command line's --step-time-scale and --data-parallel applied."""
+    from exporter.sim.scenario import MAX_DP
+    if scale is not None:
+        if not (0.01 <= scale <= 100):
+            raise InputError(f"--step-time-scale must be in [0.01, 100] (got {scale})")
+        sc = dataclasses.replace(sc, step_time_scale=scale)
+    if dp is not None:
+        if not 1 <= dp <= MAX_DP:
+            raise InputError(f"--data-parallel must be in [1, {MAX_DP}] (got {dp})")
+        sc = dataclasses.replace(
+            sc, flags=dataclasses.replace(sc.flags, data_parallel_size=dp),
+            restarts=tuple((at, dataclasses.replace(f, data_parallel_size=dp)) for at, f in sc.restarts))
+    return sc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dump is not None:
         if args.dump < 0:
             raise InputError(f"--dump must not be negative (got {args.dump})")
-        sc = _scaled(load_scenario(args.scenario), args.step_time_scale)
+        sc = _scaled(load_scenario(args.scenario), args.step_time_scale, args.data_parallel)
         # a fixed clock, so that dumps of one seed at different lengths are snapshots of one run
         # (same start time, counters growing) that `scan A --after B` can pair without --interval
         start = DUMP_EPOCH - sc.warmup_s
@@ -114,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     fleet_n = args.fleet
     if args.fleet_config or fleet_n:
+        if args.data_parallel is not None:
+            raise InputError("--data-parallel applies to one simulated server; a fleet's scenarios "
+                             "set vllm.data_parallel_size themselves")
         if args.fleet_config:
             spec = fleet_mod.load_fleet_config(args.fleet_config)
         else:
@@ -135,15 +150,17 @@ def run(args: argparse.Namespace) -> int:
         bindings = [(args.host, p, ep) for p, ep in zip(ports, endpoints)]
         tick = 1.0
     else:
-        sc = _scaled(load_scenario(args.scenario), args.step_time_scale)
+        sc = _scaled(load_scenario(args.scenario), args.step_time_scale, args.data_parallel)
         st = build(sc, seed=args.seed, version=args.vllm_version, model=args.model, gpu=args.gpu,
                    speed=args.speed, start_time=now - sc.warmup_s)
         states = [st]
         bindings = [(args.host, args.port, Endpoint(st))]
         tick = 0.25
-        log.info("scenario %s: %s on %s, vLLM %s era %s, %d KV blocks (%s), speed %.3g",
+        dp = sc.flags.data_parallel_size
+        log.info("scenario %s: %s on %s, vLLM %s era %s, %d KV blocks%s (%s), speed %.3g",
                  sc.name, st.model_name, args.gpu or sc.gpu, st.version, st.era.key,
-                 st.engine.cfg.num_gpu_blocks, st.resolved.capacity_source, st.speed)
+                 st.engine.cfg.num_gpu_blocks, f" per engine x {dp} data-parallel engines" if dp > 1 else "",
+                 st.resolved.capacity_source, st.speed)
 
     def ready(urls: list[str]) -> None:
         for u in urls:

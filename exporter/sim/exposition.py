@@ -74,8 +74,12 @@ class Renderer:
 
     def __init__(self, era: Era, *, model_name: str, max_model_len: int, max_num_seqs: int,
                  cache_config: Mapping[str, str], start_time: float, spec_tokens: int = 0,
-                 engine_index: str = "0"):
+                 engine_index: str = "0", multiprocess_api: bool = False):
+        """`multiprocess_api`: the V1 frontend runs several API-server processes (data parallel),
+        so prometheus_client's multiprocess collector serves /metrics: histograms as `_sum`,
+        buckets, `_count`, no `_created` series, no process/python families."""
         self.era = era
+        self._mp = era.multiprocess or multiprocess_api
         self.start_time = start_time
         self.bounds = bounds_for(era, max_model_len, max_num_seqs)
         self._created_seq = 0
@@ -115,8 +119,8 @@ class Renderer:
                 fam = Family(fam.name, fam.type, fam.help, "", samples, fam.engine, fam.model)
             blocks.extend(self._compile(fam, cache_config))
         self._blocks = tuple(blocks)
-        self._python_process = era.python_process
-        self._http = era.python_process and era.v1     # single-process V1 API server
+        self._python_process = era.python_process and not multiprocess_api
+        self._http = era.python_process and era.v1     # the V1 API server's HTTP families
         self._http_created = [fmt(start_time + 0.5 + 1e-5 * i) for i in range(5)]
 
     # ---- compilation -------------------------------------------------------------------------
@@ -169,7 +173,7 @@ class Renderer:
                     getters.append(lambda m, p=p: m.spec_accepted_per_pos[p])
                 else:
                     getters.append(_scalar(src, self._extra))
-            if era.v1:
+            if era.v1 and not self._mp:
                 pieces[-1] += self._created_text(fam, [e for e, _ in samples])
             present = None
             if era.multiprocess and fam.samples and fam.samples[0][1].startswith("finished:"):
@@ -182,7 +186,7 @@ class Renderer:
             pairs = self._pairs(fam)
             les = [fmt(b) for b in bounds] + ["+Inf"]
             head = f"# HELP {name} {fam.help}\n# TYPE {name} histogram\n"
-            if era.multiprocess:   # _sum, buckets, _count (MultiProcessCollector order)
+            if self._mp:   # _sum, buckets, _count (MultiProcessCollector order)
                 pieces = [head + f"{name}_sum{_labels(pairs)} "]
                 for le in les:
                     pieces.append(f"\n{name}_bucket{_labels(pairs + [('le', le)])} ")
@@ -192,7 +196,10 @@ class Renderer:
                 def values(m: Metrics, key: str = key) -> list:
                     h = m.hist[key]
                     return [h.sum, *h.cumulative(), h.count]
-                return [_Block(tuple(pieces), values, lambda m, key=key: m.hist[key].count > 0)]
+                # V0 writes a histogram's file on its first observation; V1 labels its
+                # histograms at start-up, which writes them (all present from the start)
+                present = (lambda m, key=key: m.hist[key].count > 0) if era.multiprocess else None
+                return [_Block(tuple(pieces), values, present)]
             pieces = [head + f"{name}_bucket{_labels(pairs + [('le', les[0])])} "]
             for le in les[1:]:
                 pieces.append(f"\n{name}_bucket{_labels(pairs + [('le', le)])} ")
@@ -246,11 +253,14 @@ class Renderer:
         was served; before that only their HELP/TYPE lines (as on a real idle server)."""
         n = m.hist["http_highr"].count
         c = self._http_created
+
+        def created(key: str, series: str, i: int) -> str:
+            return "" if self._mp else _HTTP_HEAD[key + "_created"] + f"{series} {c[i]}\n"
         out = [_HTTP_HEAD["requests"]]
         if n:
-            out.append(f'http_requests_total{{handler="/v1/completions",method="POST",status="2xx"}} {fmt(n)}\n'
-                       + _HTTP_HEAD["requests_created"]
-                       + f'http_requests_created{{handler="/v1/completions",method="POST",status="2xx"}} {c[0]}\n')
+            lab = '{handler="/v1/completions",method="POST",status="2xx"}'
+            out.append(f"http_requests_total{lab} {fmt(n)}\n"
+                       + created("requests", "http_requests_created" + lab, 0))
         for key, total, ci in (("request_size", "http_request_bytes", 1),
                                ("response_size", "http_response_bytes", 2)):
             name = f"http_{key}_bytes"
@@ -258,8 +268,7 @@ class Renderer:
             if n:
                 out.append(f'{name}_count{{handler="/v1/completions"}} {fmt(n)}\n'
                            f'{name}_sum{{handler="/v1/completions"}} {fmt(m.counters[total])}\n'
-                           + _HTTP_HEAD[key + "_created"]
-                           + f'{name}_created{{handler="/v1/completions"}} {c[ci]}\n')
+                           + created(key, f'{name}_created{{handler="/v1/completions"}}', ci))
         h = m.hist["http_highr"]
         out.append(_HTTP_HEAD["highr"])
         for b, v in zip(self.bounds["http_highr"], h.cumulative()):
@@ -267,8 +276,7 @@ class Renderer:
         out.append(f'http_request_duration_highr_seconds_bucket{{le="+Inf"}} {fmt(h.count)}\n'
                    f"http_request_duration_highr_seconds_count {fmt(h.count)}\n"
                    f"http_request_duration_highr_seconds_sum {fmt(h.sum)}\n"
-                   + _HTTP_HEAD["highr_created"]
-                   + f"http_request_duration_highr_seconds_created {c[3]}\n")
+                   + created("highr", "http_request_duration_highr_seconds_created", 3))
         out.append(_HTTP_HEAD["duration"])
         if n:
             h = m.hist["http_few"]
@@ -278,8 +286,7 @@ class Renderer:
             out.append(f'http_request_duration_seconds_bucket{{{lab},le="+Inf",method="POST"}} {fmt(h.count)}\n'
                        f'http_request_duration_seconds_count{{{lab},method="POST"}} {fmt(h.count)}\n'
                        f'http_request_duration_seconds_sum{{{lab},method="POST"}} {fmt(h.sum)}\n'
-                       + _HTTP_HEAD["duration_created"]
-                       + f'http_request_duration_seconds_created{{{lab},method="POST"}} {c[4]}\n')
+                       + created("duration", f'http_request_duration_seconds_created{{{lab},method="POST"}}', 4))
         return "".join(out)
 
 
@@ -357,13 +364,16 @@ def cache_config_values(era: Era, *, block_size: int, num_gpu_blocks: int,
                         gpu_memory_utilization: float, enable_prefix_caching: bool,
                         cache_dtype: str = "auto", max_model_len: int = 4096,
                         kv_cache_memory_bytes: int | None = None,
-                        num_gpu_blocks_override: int | None = None) -> dict[str, str]:
-    """`cache_config_info` label values as that era's CacheConfig stringifies them."""
+                        num_gpu_blocks_override: int | None = None,
+                        engines: int = 1) -> dict[str, str]:
+    """`cache_config_info` label values as that era's CacheConfig stringifies them; `engines`
+    data-parallel engines of `num_gpu_blocks` each show the sum in `num_gpu_blocks` (vLLM's
+    frontend adds them up) and their own pool in `kv_cache_size_tokens`."""
     v = {
         "block_size": str(block_size), "cache_dtype": cache_dtype,
         "calculate_kv_scales": "False", "enable_prefix_caching": str(bool(enable_prefix_caching)),
         "gpu_memory_utilization": repr(float(gpu_memory_utilization)),
-        "is_attention_free": "False", "num_gpu_blocks": str(num_gpu_blocks),
+        "is_attention_free": "False", "num_gpu_blocks": str(num_gpu_blocks * engines),
         "num_gpu_blocks_override": "None" if num_gpu_blocks_override is None else str(num_gpu_blocks_override), "sliding_window": "None", "num_cpu_blocks": "None",
     }
     if not era.v1:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import yaml
 
 from exporter.errors import InputError
+from exporter.sim import data_parallel
 from exporter.sim.engine import Engine, EngineConfig, LengthDist, Phase, StepTimeFn, Traffic
 from exporter.sim.eras import Era, era_for
 from exporter.sim.exposition import Renderer, cache_config_values
@@ -46,6 +47,7 @@ class VllmFlags:
     spec_tokens: int = 0
     spec_acceptance: float = 0.0
     spec_draft_cost: float = 0.05
+    data_parallel_size: int = 1                # --data-parallel-size: engine cores behind one server
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,9 @@ _TOP = {"name", "description", "model", "served_model_name", "gpu", "tp", "quant
         "step_time_scale", "detect_within"}
 _VLLM = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
          "enable_prefix_caching", "kv_cache_dtype", "block_size", "num_gpu_blocks", "speculative",
-         "kv_cache_memory_bytes"}
+         "kv_cache_memory_bytes", "data_parallel_size"}
+# engine cores one simulated server may run (each is simulated step by step)
+MAX_DP = 16
 _SPEC = {"num_speculative_tokens", "acceptance", "draft_cost"}
 _TRAFFIC = {"rate", "arrival", "burst_factor", "burst_fraction", "burst_period", "diurnal_period",
             "diurnal_amplitude", "prompt", "output", "max_tokens", "shared_prefix", "concurrency",
@@ -244,6 +248,8 @@ def _flags(r: _Reader, value: Any, path: str, base: VllmFlags) -> VllmFlags:
                               lo=0, hi=1),
         spec_draft_cost=r.num(spec, "draft_cost", p + "speculative.draft_cost", base.spec_draft_cost,
                               lo=0),
+        data_parallel_size=r.num(v, "data_parallel_size", p + "data_parallel_size",
+                                 base.data_parallel_size, integer=True, lo=1, hi=MAX_DP),
     )
 
 
@@ -356,7 +362,9 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
                         # (a V0 server with these flags runs --enable-chunked-prefill)
                         enable_chunked_prefill=True,
                         # the pool as vLLM sizes it from these flags (the calculator's accounting)
-                        kv_cache_memory_bytes=f.kv_cache_memory_bytes, num_gpu_blocks_override=f.num_gpu_blocks)
+                        kv_cache_memory_bytes=f.kv_cache_memory_bytes, num_gpu_blocks_override=f.num_gpu_blocks,
+                        # one engine of a data-parallel server (MoE experts spread over TP x DP)
+                        dp=f.data_parallel_size)
     try:
         blocks, source = _capacity(setup)
     except InputError as exc:
@@ -366,6 +374,9 @@ def resolve(sc: Scenario, *, model: str | None = None, gpu: str | None = None,
                          f"the KV cache ({(blocks - 1) * setup.block_size} tokens); vLLM would "
                          f"refuse to start")
     era = era_for(version or sc.vllm_version)
+    if f.data_parallel_size > 1 and not era.v1:
+        raise InputError(f"{sc.source}: vllm.data_parallel_size: {f.data_parallel_size} engines need "
+                         f"the V1 engine (vLLM 0.8 or later); {version or sc.vllm_version} runs V0")
     cfg = EngineConfig(
         num_gpu_blocks=blocks, block_size=setup.block_size, max_num_seqs=setup.max_num_seqs,
         max_num_batched_tokens=setup.max_num_batched_tokens,
@@ -404,8 +415,8 @@ class SimServerState:
     with a fresh engine (counters reset, new `cache_config_info`, new start time)."""
 
     scenario: Scenario
-    current: Engine                           # the engine of the current deployment
-    renderer: Renderer
+    current: Engine | data_parallel.EngineGroup   # the engine(s) of the current deployment
+    renderer: Renderer | data_parallel.GroupRenderer
     era: Era
     version: str
     model_name: str
@@ -482,22 +493,29 @@ class _ScenarioEngine:
 
 def _make(sc: Scenario, flags: VllmFlags, *, era: Era, version: str, model: str | None,
           gpu: str | None, model_name: str, seed: int, start_time: float,
-          offset: float = 0.0) -> tuple[Engine, Renderer, Resolved]:
+          offset: float = 0.0) -> tuple[Engine | data_parallel.EngineGroup,
+                                        Renderer | data_parallel.GroupRenderer, Resolved]:
     res = resolve(sc, model=model, gpu=gpu, version=version, flags=flags)
     cfg = res.config
+    dp = flags.data_parallel_size
     cache = cache_config_values(era, block_size=cfg.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
                                 gpu_memory_utilization=res.gpu_memory_utilization,
                                 enable_prefix_caching=cfg.enable_prefix_caching,
                                 cache_dtype=res.kv_cache_dtype, max_model_len=res.max_model_len,
                                 kv_cache_memory_bytes=res.kv_cache_memory_bytes,
-                                num_gpu_blocks_override=res.num_gpu_blocks_override)
-    renderer = Renderer(era, model_name=model_name, max_model_len=res.max_model_len,
-                        max_num_seqs=cfg.max_num_seqs, cache_config=cache, start_time=start_time,
-                        spec_tokens=cfg.spec_tokens)
+                                num_gpu_blocks_override=res.num_gpu_blocks_override, engines=dp)
+    renderers = [Renderer(era, model_name=model_name, max_model_len=res.max_model_len,
+                          max_num_seqs=cfg.max_num_seqs, cache_config=cache, start_time=start_time,
+                          spec_tokens=cfg.spec_tokens, engine_index=str(i), multiprocess_api=dp > 1)
+                 for i in range(dp)]
     # traffic phases in the new engine's clock (it starts at `offset` of scenario time)
     phases = [Phase(max(0.0, p.at_s - offset), p.traffic) for p in sc.phases]
-    engine = Engine(cfg, phases, res.step_time, seed=seed, histogram_bounds=renderer.bounds)
-    return engine, renderer, res
+    if dp == 1:
+        engine = Engine(cfg, phases, res.step_time, seed=seed, histogram_bounds=renderers[0].bounds)
+        return engine, renderers[0], res
+    engines = [Engine(cfg, data_parallel.split_phases(phases, dp, i), res.step_time,
+                      seed=seed + 7919 * i, histogram_bounds=renderers[i].bounds) for i in range(dp)]
+    return data_parallel.EngineGroup(engines), data_parallel.GroupRenderer(renderers), res
 
 
 def build(sc: Scenario, *, seed: int = 0, version: str | None = None, model: str | None = None,
