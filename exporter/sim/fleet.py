@@ -8,13 +8,14 @@ cycle through the scenarios, so the fleet holds every kind of problem in known p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from exporter.errors import InputError
+from exporter.sim.eras import era_for
 from exporter.sim.scenario import SimServerState, build, builtin_names, load_scenario
 from exporter.sim.server import Endpoint
 
@@ -66,6 +67,13 @@ def load_fleet_config(path: str) -> FleetSpec:
                      speed)
 
 
+def _v1(version: str) -> bool:
+    try:
+        return era_for(version).v1
+    except ValueError:
+        return True         # `build` refuses the version itself, naming it
+
+
 def build_fleet(spec: FleetSpec, *, start_time: float) -> tuple[list[SimServerState], list[Endpoint]]:
     """K engine states and N endpoints (target i -> engine i mod K)."""
     names = list(spec.scenarios) or builtin_names()
@@ -75,6 +83,10 @@ def build_fleet(spec: FleetSpec, *, start_time: float) -> tuple[list[SimServerSt
     for i in range(k):
         sc = scenarios[i % len(scenarios)]
         ver = spec.vllm_versions[i % len(spec.vllm_versions)] if spec.vllm_versions else None
+        if ver and sc.flags.data_parallel_size > 1 and not _v1(ver):
+            # a V0 server has no data parallelism: that engine of the fleet runs one core
+            sc = replace(sc, flags=replace(sc.flags, data_parallel_size=1),
+                         restarts=tuple((at, replace(f, data_parallel_size=1)) for at, f in sc.restarts))
         states.append(build(sc, seed=spec.seed + i, version=ver, speed=spec.speed,
                             start_time=start_time - sc.warmup_s))
     shared = [Endpoint(st) for st in states]

@@ -158,3 +158,17 @@ def test_bad_data_parallel_settings_are_refused_naming_the_key(tmp_path):
     assert out.returncode == 2 and "--data-parallel must be in [1, 16]" in out.stderr
     out = cli("simulate", "--fleet", "2", "--data-parallel", "2", "--duration", "1")
     assert out.returncode == 2 and "--data-parallel applies to one simulated server" in out.stderr
+
+
+def test_a_fleet_runs_the_built_in_data_parallel_scenario_on_every_era(tmp_path):
+    # V0 had no data parallelism: a fleet asked for 0.7.0 exposition runs that engine with one core
+    from exporter.sim import fleet
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text("targets: 2\nengines: 2\nscenarios: [data-parallel-max-num-seqs]\n"
+                   "vllm_versions: [0.7.0, 0.32.0]\n")
+    states, _ = fleet.build_fleet(fleet.load_fleet_config(str(cfg)), start_time=1.7e9)
+    for st in states:
+        st.advance(st.scenario.warmup_s + 30)
+    v0, v1 = (st.exposition() for st in states)
+    assert 'engine="' not in v0 and "vllm:num_requests_running" in v0
+    assert {m for m in re.findall(r'^vllm:num_requests_running\{engine="(\d)"', v1, re.M)} == {"0", "1"}
