@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:   # `vllm-drift` alone: the command list
         parser.print_help()
         return 0
+    # every command's logs go to stderr, never into its output (`scan --json | jq`); `serve` and
+    # `demo` set their own format and level
+    from exporter import logs
+    logs.configure("console", "warning")
     try:
         return int(args.func(args) or 0)
     except InputError as exc:

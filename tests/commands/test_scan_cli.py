@@ -282,3 +282,15 @@ def test_a_real_data_parallel_server_is_judged_one_engine_at_a_time(tmp_path):
     assert "kv_cache_size_tokens" not in older[0].read_text()
     t = scan(older[0], "--after", older[1], "--interval", 30)["targets"][0]
     assert t["derived"]["kv_capacity_tokens"] == t["observed"]["kv_cache_tokens"] == 192 // 2 * 128
+
+
+def test_json_output_stays_json_when_the_evaluation_logs(tmp_path):
+    # a GPU hint the server contradicts: the online calibration refuses the fit and logs a
+    # warning, which goes to stderr, never into the document on stdout (`scan --json | jq`)
+    a = dump(tmp_path, "a.prom", "--scenario", "idle-overprovisioned", at=(120,))
+    b = dump(tmp_path, "b.prom", "--scenario", "idle-overprovisioned", at=(240,))
+    out = subprocess.run([sys.executable, "-m", "exporter", "scan", str(a), "--after", str(b), "--gpu", "L4",
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "calibration rejected" in out.stderr
+    assert json.loads(out.stdout)["targets"][0]["target"] == str(a)
