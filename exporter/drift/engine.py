@@ -132,7 +132,8 @@ class DriftEngine:
             findings = tracker.hold(now, x.window_s)
             return self._scores(x, [], findings, status, notes, tracker, statuses)
         ran = _per_engine([f for rule in rules for f in rule(x)], x.engines)
-        if ok and not quiet:
+        asleep = _asleep(x)
+        if ok and not quiet and not asleep:
             status = "ok"
             raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
             findings = tracker.update(raw, now)
@@ -143,11 +144,11 @@ class DriftEngine:
             # max_model_len only against the lifetime's request shapes (>= 50 requests), never a
             # short or quiet window's handful
             scope = tuple(n for n in INSTANT if n != "max_model_len" or x.lifetime_shapes)
-            scope += ("idle_capacity",) if ok else ()
+            scope += ("idle_capacity",) if ok and not asleep else ()
             ran = [f for f in ran if _instant(f, scope) or (f.finding == "unavailable" and
                                                              _finding_of(f) in scope)]
             raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
-            if ok:      # a quiet server: idleness and instant findings; the rest clear
+            if ok and not asleep:      # a quiet server: idleness and instant findings; the rest clear
                 findings = tracker.update(raw, now)
             else:
                 # the gauge means behind kv_pressure already span every scrape in the window:
@@ -155,7 +156,7 @@ class DriftEngine:
                 confirmed = frozenset({"kv_pressure"}) if x.samples >= self.raise_after else frozenset()
                 findings = tracker.partial(raw, now, scope, x.window_s, confirmed)
             judged = {n for n in names if n in scope}
-            pending = quiet or (why if self.one_shot else _needs_more(x, why))
+            pending = asleep or quiet or (why if self.one_shot else _needs_more(x, why))
         statuses: dict[str, dict[str, str]] = {}
         for n in names:
             if n in judged:
@@ -263,6 +264,19 @@ def _per_engine(found: list[Finding], engines: int) -> list[Finding]:
         return found
     note = f" Figures are per engine: {engines} data-parallel engines serve behind this server, each with these settings."
     return [f if f.finding == "unavailable" else replace(f, explanation=f.explanation + note) for f in found]
+
+
+_SLEEP_LEVELS = {1: "level 1: weights offloaded to CPU memory, KV cache discarded",
+                 2: "level 2: weights and KV cache discarded"}
+
+
+def _asleep(x: DriftInput) -> str:
+    """Why nothing load-based is judged while the engine sleeps (vLLM sleep mode), or ""."""
+    if not x.sleep_level:
+        return ""
+    what = _SLEEP_LEVELS.get(x.sleep_level, f"level {x.sleep_level}")
+    return (f"the engine is asleep (vLLM sleep mode, {what}): no load reaches it by design, so its "
+            "load says nothing about its settings; load findings resume a window after it wakes")
 
 
 def _finding_of(f: Finding) -> str:

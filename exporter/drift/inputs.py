@@ -73,6 +73,7 @@ class DriftInput:
     # max_num_seqs, the token budget and the KV pool per engine); rates per second over the
     # window; None: family missing
     engines: int = 1                             # data-parallel engines behind the exposition
+    sleep_level: int | None = None               # vLLM sleep mode at the latest scrape (0 awake)
     arrival_rps: float | None = None             # finished requests / s (all reasons)
     prompt_tps: float | None = None              # prompt tokens / s
     generation_tps: float | None = None          # generated tokens / s

@@ -170,6 +170,7 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
 
     return DriftInput(
         target=ident.target, model_name=ident.model_name, era=latest.engine_era, engines=engines,
+        sleep_level=latest.sleep_level,
         vllm_version=read_version(metadata.vllm_version if metadata else None),
         window_s=float(getattr(window, "duration", window_s) if window is not None else window_s),
         covered_s=finite_float(getattr(obs, "duration_s", 0.0)) or 0.0, samples=int(getattr(obs, "samples", 0) or 0),

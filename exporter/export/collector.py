@@ -215,9 +215,13 @@ REPORT_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
      "The latency SLO (p99 objective) a target is judged against "
      "(source: configured; else expected, the model's p99 at the observed load x 1.5; else default).",
      "summary", _TM + ("metric", "quantile", "source")),
+    ("vllm_drift_engine_sleep_level",
+     "vLLM sleep mode at the last scrape: 0 awake, 1 weights offloaded (KV cache discarded), "
+     "2 weights and KV cache discarded; load findings wait while it is above 0. Absent when the "
+     "server does not export vllm:engine_sleep_state (before 0.11.1).", "gauge", _TM),
 )
 (_MIS, _CONF, _REC, _KVP, _IDLE, _TIER, _WASTE, _FINDING, _FSCORE, _FCONF, _FSTATUS, _PKV, _PTPOT, _PTTFT,
- _CFAC, _CERR, _CREJ, _RATIO, _STATUS, _SLO) = range(len(REPORT_FAMILIES))
+ _CFAC, _CERR, _CREJ, _RATIO, _STATUS, _SLO, _SLEEP) = range(len(REPORT_FAMILIES))
 
 
 def report_samples(r: ModelReport) -> Iterable[tuple[int, tuple[str, ...], float]]:
@@ -264,6 +268,8 @@ def report_samples(r: ModelReport) -> Iterable[tuple[int, tuple[str, ...], float
         yield _CREJ, key, r.calibration["rejected"]
     if r.observed_kv_cache_tokens_ratio is not None:
         yield _RATIO, key, r.observed_kv_cache_tokens_ratio
+    if r.observed.get("sleep_level") is not None:
+        yield _SLEEP, key, float(r.observed["sleep_level"])
 
 
 class Exposition:

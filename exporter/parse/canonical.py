@@ -63,6 +63,7 @@ _MAX_GAUGES = frozenset(("kv_cache_usage", "prefix_cache_hit_rate"))
 _CACHE_CONFIG = "vllm:cache_config_info"
 _RUNNING = "vllm:num_requests_running"
 _SUCCESS = "vllm:request_success_total"
+_SLEEP = "vllm:engine_sleep_state"
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 # Families nothing canonical is read from: the reader returns them without samples (they still
@@ -80,6 +81,7 @@ for _m in eras.V0_NAMES + eras.V1_NAMES:  # a name canonical in either era is re
     if _m.key is not None:
         _NAMES_ONLY.discard(_m.exposed)
         _NAMES_ONLY.discard(_m.exposed.removesuffix("_total"))
+_NAMES_ONLY.discard(_SLEEP)       # read for `Snapshot.sleep_level`, though not a canonical key
 
 READER = Reader(("vllm:", "ray_vllm"), names_only=_NAMES_ONLY)
 
@@ -102,12 +104,13 @@ class _Acc:
     """Per-model accumulation of where a scrape's values go: lists of indices into the flat
     list of sample values (families in order, samples in order)."""
 
-    __slots__ = ("gauges", "counters", "reasons", "per_pos", "hists", "engines", "created")
+    __slots__ = ("gauges", "counters", "reasons", "per_pos", "hists", "engines", "created", "sleep")
 
     def __init__(self) -> None:
         self.gauges: dict[str, list[int]] = {}
         self.counters: dict[str, list[int]] = {}
         self.reasons: dict[str, list[int]] = {}
+        self.sleep: dict[str, list[int]] = {}     # sleep_state label -> indices (every engine)
         self.per_pos: dict[str, list[int]] = {}
         # exposed -> engine -> [buckets {le: [indices]}, [sum indices], [count indices]]
         self.hists: dict[str, dict[str | None, list]] = {}
@@ -163,7 +166,8 @@ def _from_zero(values: list, idx: tuple[int, ...]):
 class _ModelPlan:
     """Where one served model's canonical values come from."""
 
-    __slots__ = ("model", "engines", "gauges", "counters", "reasons", "per_pos", "hists", "created", "notes")
+    __slots__ = ("model", "engines", "gauges", "counters", "reasons", "per_pos", "hists", "created", "notes",
+                 "sleep")
 
     def __init__(self, model: str, acc: _Acc, hists: list, notes: tuple[str, ...]) -> None:
         self.model = model
@@ -182,6 +186,7 @@ class _ModelPlan:
                     self.counters.append((key, tuple(acc.counters[exposed])))
                     break
         self.reasons = tuple((r, tuple(idx)) for r, idx in acc.reasons.items())
+        self.sleep = tuple((state, tuple(idx)) for state, idx in acc.sleep.items())
         try:
             order = sorted(acc.per_pos, key=int)
         except ValueError:
@@ -295,6 +300,8 @@ class _Plan:
                     acc.reasons.setdefault(labels.get("finished_reason", ""), []).append(j)
                 elif exposed == _PER_POS:
                     acc.per_pos.setdefault(labels.get("position", ""), []).append(j)
+                elif exposed == _SLEEP:
+                    acc.sleep.setdefault(labels.get("sleep_state", ""), []).append(j)
 
         if not names and not models:
             if ray:
@@ -362,8 +369,26 @@ class _Plan:
                 histograms=histograms, cache_config=self.cache_config,
                 spec_accepted_per_pos=tuple(_from_zero(values, idx) for idx in mp.per_pos),
                 start_time=created, families=self.family_set, version_guess=self.version,
-                notes=mp.notes))
+                notes=mp.notes, sleep_level=_sleep_level(values, mp.sleep)))
         return snaps
+
+
+def _sleep_level(values: list, states: tuple) -> int | None:
+    """vLLM's `record_sleep_state` (v1/metrics/loggers.py): `awake` 1 while awake, else 0 with
+    `weights_offloaded` 1 (level 1) or `discard_all` 1 (level 2). All engines of a DP server
+    sleep together; the deepest level any engine shows is the server's."""
+    if not states:
+        return None
+    level = 0
+    for state, idx in states:
+        on = any(values[i] >= 0.5 for i in idx)
+        if state == "discard_all" and on:
+            level = max(level, 2)
+        elif state == "weights_offloaded" and on:
+            level = max(level, 1)
+        elif state == "awake" and any(values[i] < 0.5 for i in idx):
+            level = max(level, 1)       # asleep at a level the exposition does not name
+    return level
 
 
 def _detect_era(names: set[str], running_help: str | None, has_engine_label: bool) -> str:

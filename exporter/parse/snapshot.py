@@ -145,6 +145,9 @@ class Snapshot:
     # Added by the canonicaliser (defaults keep older constructors working):
     version_guess: str | None = None       # from the names/labels seen, e.g. ">=0.10.1,<0.10.2"
     notes: tuple[str, ...] = ()            # what could not be canonicalised, and why
+    # vLLM sleep mode (`vllm:engine_sleep_state`, 0.11.1+): 0 awake, 1 weights offloaded to CPU,
+    # 2 weights and KV cache discarded; None when the server does not say
+    sleep_level: int | None = None
 
     @property
     def config(self) -> CacheConfig:

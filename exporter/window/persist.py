@@ -39,6 +39,7 @@ def snapshot_to_dict(s: Snapshot) -> dict[str, Any]:
         "spec_accepted_per_pos": list(s.spec_accepted_per_pos),
         "start_time": s.start_time, "families": sorted(s.families),
         "version_guess": getattr(s, "version_guess", None),
+        "sleep_level": s.sleep_level,
     }
 
 
@@ -54,6 +55,7 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> Snapshot:
         histograms=hists, cache_config={str(k): str(v) for k, v in (d.get("cache_config") or {}).items()},
         spec_accepted_per_pos=tuple(float(x) for x in d.get("spec_accepted_per_pos") or ()),
         start_time=d.get("start_time"), families=frozenset(d.get("families") or ()),
+        sleep_level=int(d["sleep_level"]) if d.get("sleep_level") is not None else None,
     )
     if "version_guess" in Snapshot.__dataclass_fields__ and d.get("version_guess") is not None:
         kwargs["version_guess"] = d["version_guess"]

@@ -112,6 +112,7 @@ def observed_signals(snapshot: Snapshot, observed: Observed | None = None, *,
     # identity
     out["engine_era"] = snapshot.engine_era
     out["engines"] = snapshot.engines
+    out["sleep_level"] = snapshot.sleep_level
     out["vllm_version_guess"] = snapshot.version_guess
     out["num_requests_swapped"] = _num(g.get("num_requests_swapped"))
     out["request_success_total"] = _num(c.get("request_success_total"))

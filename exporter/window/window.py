@@ -163,6 +163,10 @@ class Window:
                 self._clear()
                 self.resets += 1
                 self._reset_at = snap.timestamp
+            elif woke(last, snap):
+                # what the window saw while the engine slept (no load, by design) says nothing
+                # about the awake server: its judgement starts again from the wake-up
+                self._clear()
         if self._size == self.max_samples:
             self._evict_oldest()
         if self._since is None:
@@ -388,6 +392,11 @@ def _compact(snap: Snapshot) -> Snapshot:
         data.append(h.sum)
         data.append(h.count)
     return replace(snap, histograms=PackedHistograms(layout, data), **packed)
+
+
+def woke(prev: Snapshot, cur: Snapshot) -> bool:
+    """The engine came out of vLLM's sleep mode between `prev` and `cur`."""
+    return bool(prev.sleep_level) and cur.sleep_level == 0
 
 
 def is_reset(prev: Snapshot, cur: Snapshot) -> bool:
