@@ -32,8 +32,7 @@ def share_of(traffic: Traffic, engines: int, index: int) -> Traffic:
     clients, an even split (the first `clients % N` engines take one more)."""
     if traffic.concurrency:
         clients = traffic.concurrency // engines + (1 if index < traffic.concurrency % engines else 0)
-        return replace(traffic, concurrency=clients, rate=0.0) if clients else replace(
-            traffic, concurrency=0, rate=0.0)
+        return replace(traffic, concurrency=clients, rate=0.0)     # 0 clients: an idle engine
     return replace(traffic, rate=traffic.rate / engines)
 
 
@@ -97,7 +96,6 @@ class GroupRenderer:
 
     def __init__(self, renderers: Sequence[Renderer]):
         self.renderers = tuple(renderers)
-        self.bounds = self.renderers[0].bounds
 
     def render(self, metrics: Sequence[Metrics], now: float | None = None) -> str:
         texts = [r.render(m, now) for r, m in zip(self.renderers, metrics)]
@@ -121,30 +119,25 @@ def _families(text: str) -> list[tuple[str, str, list[str]]]:
 
 def merge_expositions(texts: Sequence[str]) -> str:
     """Merge per-engine expositions into the one a multi-engine server serves."""
-    order: list[str] = []
-    merged: dict[str, tuple[str, list[str]]] = {}
-    shared: dict[str, dict[str, float]] = {}      # family -> series -> summed value (no engine label)
+    merged: dict[str, list[str]] = {}             # family -> HELP/TYPE, then engine-labelled samples
+    shared: dict[str, dict[str, float]] = {}      # family -> series -> value (no engine label)
     for text in texts:
         for name, kind, lines in _families(text):
-            if name not in merged:
-                order.append(name)
-                merged[name] = (kind, [ln for ln in lines if ln.startswith("#")])
-            samples = [ln for ln in lines if ln and not ln.startswith("#")]
-            for ln in samples:
+            out = merged.setdefault(name, [ln for ln in lines if ln.startswith("#")])
+            for ln in lines:
+                if not ln or ln.startswith("#"):
+                    continue
                 if 'engine="' in ln:
-                    merged[name][1].append(ln)
+                    out.append(ln)
                     continue
                 series, _, value = ln.rpartition(" ")
                 acc = shared.setdefault(name, {})
                 if series not in acc:
                     acc[series] = float(value)
                 elif kind in ("counter", "histogram", "summary"):
-                    acc[series] += float(value)
-    out: list[str] = []
-    for name in order:
-        kind, lines = merged[name]
-        out.extend(lines)
-        for series, value in shared.get(name, {}).items():
-            out.append(f"{series} {fmt(value)}")
-    return "\n".join(out) + "\n"
-
+                    acc[series] += float(value)     # the frontend counts every engine's requests
+    lines: list[str] = []
+    for name, out in merged.items():
+        lines.extend(out)
+        lines.extend(f"{series} {fmt(value)}" for series, value in shared.get(name, {}).items())
+    return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import loopback
-from daemons import Daemon, samples, wait_for
+from daemons import Daemon, get, samples, wait_for
 
 from exporter.parse.canonical import parse_vllm
 from exporter.window.persist import snapshot_from_dict, snapshot_to_dict
@@ -125,7 +125,7 @@ def test_the_daemon_exports_the_sleep_level_and_resumes_on_wake(tmp_path, cli_en
             wait_for(level_is(1.0), timeout=60)
 
             def reported():
-                doc = json.loads(loopback_get(d.url + "/api/v1/findings"))
+                doc = json.loads(get(d.url + "/api/v1/findings")[1])
                 [t] = [t for t in doc["targets"] if t["target"] == site.url]
                 return t if t["finding_status"]["idle_capacity"]["reason"].startswith(ASLEEP_REASON) else None
             t = wait_for(reported, timeout=60)
@@ -136,8 +136,3 @@ def test_the_daemon_exports_the_sleep_level_and_resumes_on_wake(tmp_path, cli_en
         finally:
             d.stop()
 
-
-def loopback_get(url: str) -> str:
-    import urllib.request
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read().decode()
