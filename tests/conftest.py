@@ -28,6 +28,22 @@ os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="vllm-drift-empty-hf-cache-
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
+@pytest.fixture(autouse=True)
+def _logging_isolated():
+    """A command run in-process (`exporter.cli.main`) configures logging for the whole process,
+    as its entry point should; each test gets back the configuration it started with."""
+    import logging
+
+    import structlog
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 def shared_path(*parts: str) -> Path:
     """A file under ../shared, or skip the test when the shared data is not beside the repo."""
     path = SHARED.joinpath(*parts)

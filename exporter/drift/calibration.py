@@ -119,6 +119,9 @@ class FleetCalibration:
         self.last_update: dict[tuple[str, str], float] = {}  # (target, model) -> its last update
         self.recent: dict[str, list[float]] = {}             # pool -> times of its recent updates
         self.memo: dict[tuple[str, str], _Answers] = {}     # (target, model) -> its last answers
+        # (target, model) whose refused fit was logged at warning: its next refusals (every
+        # UPDATE_INTERVAL_S while the contradiction lasts) go to debug, until a fit is accepted
+        self.warned: set[tuple[str, str]] = set()
 
     def set_rows(self, rows: Sequence[Row]) -> None:
         """New offline rows (a config reload): pools not yet seeded by live data are re-seeded."""
@@ -177,10 +180,16 @@ class FleetCalibration:
                 recent.append(now)
                 if target not in filt.targets:
                     filt.targets.append(target)
+                self.warned.discard((target, model_name))
             elif filt.rejected > before:
-                log.warning("calibration rejected", target=target, model_name=model_name, pool=key,
-                            observed_tpot_s=round(tpot_mean, 5),
-                            reason="the fit would leave the physical range of the step-time factors")
+                first = (target, model_name) not in self.warned
+                self.warned.add((target, model_name))
+                (log.warning if first else log.debug)(
+                    "calibration rejected", target=target, model_name=model_name, pool=key,
+                    observed_tpot_s=round(tpot_mean, 5),
+                    reason="the fit would leave the physical range of the step-time factors",
+                    **({"repeats": "counted in vllm_drift_model_calibration_rejections, logged at debug"}
+                       if first else {}))
         point = (setup, traffic, conc)
         last = self.memo.get((target, model_name))
         same = last is not None and last.point == point

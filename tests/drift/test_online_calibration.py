@@ -192,3 +192,20 @@ def test_a_targets_last_answers_are_reused_on_a_grid():
     assert fleet.memo[("http://a:1", "m")][5] is then
     fleet.evaluate(setup, prompt_mean=1050.0, output_mean=240.0, running_mean=20.0, **kw)
     assert fleet.memo[("http://a:1", "m")][5] is not then
+
+
+def test_a_refused_fit_is_logged_once_then_counted():
+    # an H100 server hinted as an L4: every fit of its window would leave the physical range.
+    # The first refusal is a warning; the next (every update interval while the contradiction
+    # lasts) are counted in vllm_drift_model_calibration_rejections, not logged again at warning
+    import structlog
+    fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    state = build(load_scenario("idle-overprovisioned"), seed=3)
+    with structlog.testing.capture_logs() as logs:
+        for i in range(5):
+            _, rep, _ = _feed(fleet, state, URL.format(9), 120.0 * i, 120.0)
+    rejected = [e for e in logs if e["event"] == "calibration rejected"]
+    assert len(rejected) >= 2
+    assert [e["log_level"] for e in rejected] == ["warning"] + ["debug"] * (len(rejected) - 1)
+    assert "vllm_drift_model_calibration_rejections" in rejected[0]["repeats"]
+    assert sum(p.rejected for p in fleet.calibration.pools.values()) == len(rejected)
