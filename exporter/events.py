@@ -15,6 +15,8 @@ Events (the structlog `event` key), all at info level:
   window full         target, model_name, window_seconds
   first evaluation    target, model_name, status, findings (warning and above, comma-separated),
                       needs_more_data (findings not judged yet, comma-separated)
+  engine asleep       target, model_name, level (vLLM sleep mode 1 or 2): load findings wait
+  engine awake        target, model_name: the window starts again (filling lines follow)
   finding opened | finding escalated | finding de-escalated | finding cleared
                       target, model_name, finding, severity (previous_severity), score,
                       parameter, configured, recommended, explanation
@@ -97,6 +99,7 @@ class _Memory:
     findings: dict[str, Finding] = field(default_factory=dict)
     quarter: int = 0               # highest quarter of the window logged
     evaluated: bool = False
+    sleep_level: int | None = None # vLLM sleep mode at the previous evaluation
 
 
 class Narrator:
@@ -136,6 +139,14 @@ class Narrator:
         when it covers `window_s - slack_s` (one scrape interval short: snapshots come at scrape
         times, so the span of a full window is up to one interval less than its length)."""
         mem = self._mem.setdefault((url, model), _Memory())
+        level = (report.observed or {}).get("sleep_level")
+        if level != mem.sleep_level and level is not None:
+            if level:
+                self.log.info("engine asleep", target=url, model_name=model, level=level)
+            elif mem.sleep_level:
+                self.log.info("engine awake", target=url, model_name=model)
+                mem.quarter = 0         # its window started again at the wake-up
+            mem.sleep_level = level
         covered = float((report.observed or {}).get("window_seconds") or 0.0)
         # a full window's rates span between 7/8 of it and all of it (exporter.window keeps a
         # baseline snapshot every 1/8), less up to one scrape interval

@@ -121,3 +121,20 @@ def test_narrator_logs_each_transition_once_with_the_recommendation():
     opened = logs[2]
     assert opened["recommended"] == 4096 and opened["configured"] == 32768 and opened["explanation"]
     assert logs[5]["previous_severity"] == "warning" and logs[5]["severity"] == "critical"
+
+
+def test_narrator_says_when_an_engine_sleeps_and_wakes():
+    n = Narrator()
+    rep = lambda level, secs: ModelReport(target="http://t", model_name="m",
+                                          observed={"window_seconds": secs, "sleep_level": level})
+    with capture_logs() as logs:
+        n.evaluated("http://t", "m", rep(0, 30.0), 60.0)
+        n.evaluated("http://t", "m", rep(1, 60.0), 60.0)
+        n.evaluated("http://t", "m", rep(1, 60.0), 60.0)        # still asleep: said once
+        n.evaluated("http://t", "m", rep(0, 0.0), 60.0)         # woke: the window starts again
+        n.evaluated("http://t", "m", rep(0, 30.0), 60.0)
+        n.evaluated("http://t", "m", rep(None, 45.0), 60.0)     # a scrape without the gauge: no event
+    events = [(e["event"], e.get("level"), e.get("percent")) for e in logs]
+    assert events == [("window filling", None, 50), ("first evaluation", None, None),
+                      ("engine asleep", 1, None), ("window full", None, None), ("engine awake", None, None),
+                      ("window filling", None, 50), ("window filling", None, 75)]
