@@ -167,6 +167,11 @@ class TargetPipeline:
             notes.append(f"config change: {what}")
             log.info("config change", target=spec.url, model_name=model_name, changed=event["changed"])
 
+        deferred = summary.waiting_deferred_mean
+        if deferred is not None and deferred >= 0.5:
+            notes.append(f"{deferred:.1f} requests wait on average on something other than capacity "
+                         "(vLLM's `deferred`: a LoRA slot, a KV transfer, a blocked request); they are "
+                         "not counted as a queue behind max_num_seqs or the KV cache")
         ident = self.identity(metadata)
         x = build_input(ident, summary, latest, metadata, observed, spec.slo or fleet.cfg.slo,
                         fleet.cfg.evaluation.window, self.window, hists)

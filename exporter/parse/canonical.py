@@ -64,6 +64,7 @@ _CACHE_CONFIG = "vllm:cache_config_info"
 _RUNNING = "vllm:num_requests_running"
 _SUCCESS = "vllm:request_success_total"
 _SLEEP = "vllm:engine_sleep_state"
+_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 # Families nothing canonical is read from: the reader returns them without samples (they still
@@ -82,6 +83,7 @@ for _m in eras.V0_NAMES + eras.V1_NAMES:  # a name canonical in either era is re
         _NAMES_ONLY.discard(_m.exposed)
         _NAMES_ONLY.discard(_m.exposed.removesuffix("_total"))
 _NAMES_ONLY.discard(_SLEEP)       # read for `Snapshot.sleep_level`, though not a canonical key
+_NAMES_ONLY.discard(_WAITING_BY_REASON)   # read for the waiting_capacity / waiting_deferred gauges
 
 READER = Reader(("vllm:", "ray_vllm"), names_only=_NAMES_ONLY)
 
@@ -104,13 +106,15 @@ class _Acc:
     """Per-model accumulation of where a scrape's values go: lists of indices into the flat
     list of sample values (families in order, samples in order)."""
 
-    __slots__ = ("gauges", "counters", "reasons", "per_pos", "hists", "engines", "created", "sleep")
+    __slots__ = ("gauges", "counters", "reasons", "per_pos", "hists", "engines", "created", "sleep",
+                 "waiting_reasons")
 
     def __init__(self) -> None:
         self.gauges: dict[str, list[int]] = {}
         self.counters: dict[str, list[int]] = {}
         self.reasons: dict[str, list[int]] = {}
         self.sleep: dict[str, list[int]] = {}     # sleep_state label -> indices (every engine)
+        self.waiting_reasons: dict[str, list[int]] = {}   # waiting_by_reason `reason` -> indices
         self.per_pos: dict[str, list[int]] = {}
         # exposed -> engine -> [buckets {le: [indices]}, [sum indices], [count indices]]
         self.hists: dict[str, dict[str | None, list]] = {}
@@ -167,7 +171,7 @@ class _ModelPlan:
     """Where one served model's canonical values come from."""
 
     __slots__ = ("model", "engines", "gauges", "counters", "reasons", "per_pos", "hists", "created", "notes",
-                 "sleep")
+                 "sleep", "waiting_split")
 
     def __init__(self, model: str, acc: _Acc, hists: list, notes: tuple[str, ...]) -> None:
         self.model = model
@@ -187,6 +191,13 @@ class _ModelPlan:
                     break
         self.reasons = tuple((r, tuple(idx)) for r, idx in acc.reasons.items())
         self.sleep = tuple((state, tuple(idx)) for state, idx in acc.sleep.items())
+        # vLLM 0.20+: waiting requests by reason; `capacity` waits for a batch slot or KV blocks,
+        # every other reason (`deferred`: LoRA budget, KV transfer, blocked) on something else
+        reasons = acc.waiting_reasons
+        self.waiting_split = (
+            (tuple(reasons.get("capacity", ())),
+             tuple(i for r, idx in reasons.items() if r != "capacity" for i in idx))
+            if "capacity" in reasons else None)
         try:
             order = sorted(acc.per_pos, key=int)
         except ValueError:
@@ -302,6 +313,8 @@ class _Plan:
                     acc.per_pos.setdefault(labels.get("position", ""), []).append(j)
                 elif exposed == _SLEEP:
                     acc.sleep.setdefault(labels.get("sleep_state", ""), []).append(j)
+                elif exposed == _WAITING_BY_REASON:
+                    acc.waiting_reasons.setdefault(labels.get("reason", ""), []).append(j)
 
         if not names and not models:
             if ray:
@@ -346,6 +359,10 @@ class _Plan:
                     gauges[key] = max(vals) if use_max else sum(vals)
             counters = {key: values[idx[0]] if len(idx) == 1 else _total(values, idx)
                         for key, idx in mp.counters}
+            if mp.waiting_split is not None:
+                capacity, other = mp.waiting_split
+                gauges["num_requests_waiting_capacity"] = sum(values[i] for i in capacity)
+                gauges["num_requests_waiting_deferred"] = sum(values[i] for i in other)
             created = None
             for i in mp.created:
                 v = values[i]

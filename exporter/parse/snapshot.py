@@ -25,6 +25,10 @@ GAUGES = (
     "num_requests_waiting",
     "num_requests_swapped",    # V0 only
     "prefix_cache_hit_rate",   # V0 gauge, -1 when disabled
+    # 0.20+ (num_requests_waiting_by_reason): waiting for a batch slot or KV blocks, and waiting on
+    # anything else (`deferred`: LoRA budget, KV transfer in disaggregated serving, blocked)
+    "num_requests_waiting_capacity",
+    "num_requests_waiting_deferred",
 )
 COUNTERS = (
     "num_preemptions_total",

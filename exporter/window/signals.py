@@ -45,6 +45,7 @@ def observed_signals(snapshot: Snapshot, observed: Observed | None = None, *,
         "kv_cache_usage": _num(g.get("kv_cache_usage")),
         "num_requests_running": _num(g.get("num_requests_running")),
         "num_requests_waiting": _num(g.get("num_requests_waiting")),
+        "num_requests_waiting_deferred": _num(g.get("num_requests_waiting_deferred")),
         "num_preemptions_total": _num(c.get("num_preemptions_total")),
         "prompt_tokens_total": _num(c.get("prompt_tokens_total")),
         "generation_tokens_total": _num(c.get("generation_tokens_total")),
@@ -126,7 +127,7 @@ def observed_signals(snapshot: Snapshot, observed: Observed | None = None, *,
                     "preemptions_per_s", "engine_steps_per_s", "finished_length_share",
                     "spec_decode_mean_acceptance_length", "kv_usage_mean", "kv_usage_max",
                     "running_mean", "running_max", "waiting_mean", "waiting_max",
-                    "max_running_seen"):
+                    "waiting_deferred_mean", "max_running_seen"):
             out[key] = _num(getattr(observed, key))
         # a generated length cannot exceed the largest max_tokens requested nor the context:
         # interpolation inside a wide bucket must not report longer requests than could exist

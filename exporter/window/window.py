@@ -25,7 +25,19 @@ from exporter.parse.snapshot import Histogram, Snapshot
 
 __all__ = ["Window", "Observed", "Quantiles", "TRACKED_GAUGES"]
 
-TRACKED_GAUGES = ("kv_cache_usage", "num_requests_running", "num_requests_waiting")
+TRACKED_GAUGES = ("kv_cache_usage", "num_requests_running", "num_requests_waiting",
+                  "num_requests_waiting_deferred")
+
+
+def _tracked(gauges) -> tuple:
+    """The window's gauge values of one snapshot, in TRACKED_GAUGES order. Its waiting count is the
+    requests waiting for capacity (a batch slot, KV blocks) where vLLM says so (0.20+,
+    num_requests_waiting_by_reason): the deferred ones wait on a LoRA slot, a KV transfer or a
+    block that no setting judged here changes, and are tracked apart."""
+    waiting = gauges.get("num_requests_waiting_capacity")
+    return (gauges.get("kv_cache_usage"), gauges.get("num_requests_running"),
+            waiting if waiting is not None else gauges.get("num_requests_waiting"),
+            gauges.get("num_requests_waiting_deferred"))
 _START_TIME_TOLERANCE_S = 1.0
 
 
@@ -97,6 +109,7 @@ class Observed:
     running_max: float | None = None
     waiting_mean: float | None = None
     waiting_max: float | None = None
+    waiting_deferred_mean: float | None = None   # waiting on a LoRA slot, a KV transfer...: not in waiting_*
     max_running_seen: float | None = None        # since creation or the last reset: <= max_num_seqs
 
 
@@ -198,7 +211,7 @@ class Window:
         if keeper:
             self._last_keeper = (ts, self._seq)
         gauges = snap.gauges
-        values = tuple(gauges.get(key) for key in TRACKED_GAUGES)
+        values = _tracked(gauges)
         self._ring[(self._head + self._size) % cap] = (ts, values, snap, keeper)
         self._size += 1
         seq = self._seq
@@ -279,11 +292,12 @@ class Window:
         for i, key in enumerate(TRACKED_GAUGES):
             n = self._counts[i]
             gauge_stats[key] = ((self._sums[i] / n, self._maxq[i][0][1]) if n else (None, None))
-        kv, running, waiting = (gauge_stats[k] for k in TRACKED_GAUGES)
+        kv, running, waiting, deferred = (gauge_stats[k] for k in TRACKED_GAUGES)
         base = dict(target=target, model_name=model, now=now, samples=self._size, duration_s=dt,
                     reset=reset, resets=self.resets, kv_usage_mean=kv[0], kv_usage_max=kv[1],
                     running_mean=running[0], running_max=running[1], waiting_mean=waiting[0],
-                    waiting_max=waiting[1], max_running_seen=self._max_running_seen,
+                    waiting_max=waiting[1], waiting_deferred_mean=deferred[0],
+                    max_running_seen=self._max_running_seen,
                     history_s=newest.timestamp - self._since)
         if dt <= 0:
             return Observed(**base)
