@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     # every command's logs go to stderr, never into its output (`scan --json | jq`); `serve` and
-    # `demo` set their own format and level
+    # `demo` set their own format and level, and the standard `logging` root
     from exporter import logs
-    logs.configure("console", "warning")
+    logs.configure("console", "warning", stdlib=False)
     try:
         return int(args.func(args) or 0)
     except InputError as exc:

@@ -15,7 +15,9 @@ LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("json", "logfmt", "console")
 
 
-def configure(fmt: str = "json", level: str = "info") -> None:
+def configure(fmt: str = "json", level: str = "info", *, stdlib: bool = True) -> None:
+    """structlog's output (stderr, `fmt`, `level` and above); with `stdlib`, the standard
+    `logging` root too (the daemon's libraries). A one-shot command leaves `logging` alone."""
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     shared = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, timestamper]
     renderer = _renderer(fmt)
@@ -25,6 +27,8 @@ def configure(fmt: str = "json", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    if not stdlib:
+        return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processor=renderer, foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared]))

@@ -28,18 +28,29 @@ os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="vllm-drift-empty-hf-cache-
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
-@pytest.fixture(autouse=True)
-def _logging_isolated():
-    """A command run in-process (`exporter.cli.main`) configures logging for the whole process,
-    as its entry point should; each test gets back the configuration it started with."""
+def _logging_state():
     import logging
 
     import structlog
-    saved = structlog.get_config()
     root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    return structlog.get_config(), list(root.handlers), root.level
+
+
+_LOGGING_BASELINE = _logging_state()
+
+
+@pytest.fixture(autouse=True)
+def _logging_isolated():
+    """A command run in-process (`exporter.cli.main`, also from a module-scoped fixture)
+    configures logging for the whole process, as its entry point should; every test ends with
+    the configuration the session started with, so `capture_logs` sees info events."""
+    import logging
+
+    import structlog
     yield
-    structlog.configure(**saved)
+    config, handlers, level = _LOGGING_BASELINE
+    structlog.configure(**config)
+    root = logging.getLogger()
     root.handlers[:] = handlers
     root.setLevel(level)
 
