@@ -76,9 +76,9 @@ DUMP_EPOCH = 1_767_225_600.0
 DUMP_STAMP = "# vllm-drift simulate dump: time"
 
 
-def _scaled(sc, scale: float | None, dp: int | None = None):
+def _with_overrides(sc, scale: float | None, dp: int | None = None):
     """The scenario with the command line's --step-time-scale and --data-parallel applied."""
-    from exporter.sim.scenario import MAX_DP
+    from exporter.sim.scenario import MAX_DP, with_data_parallel
     if scale is not None:
         if not (0.01 <= scale <= 100):
             raise InputError(f"--step-time-scale must be in [0.01, 100] (got {scale})")
@@ -86,9 +86,7 @@ def _scaled(sc, scale: float | None, dp: int | None = None):
     if dp is not None:
         if not 1 <= dp <= MAX_DP:
             raise InputError(f"--data-parallel must be in [1, {MAX_DP}] (got {dp})")
-        sc = dataclasses.replace(
-            sc, flags=dataclasses.replace(sc.flags, data_parallel_size=dp),
-            restarts=tuple((at, dataclasses.replace(f, data_parallel_size=dp)) for at, f in sc.restarts))
+        sc = with_data_parallel(sc, dp)
     return sc
 
 
@@ -114,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dump is not None:
         if args.dump < 0:
             raise InputError(f"--dump must not be negative (got {args.dump})")
-        sc = _scaled(load_scenario(args.scenario), args.step_time_scale, args.data_parallel)
+        sc = _with_overrides(load_scenario(args.scenario), args.step_time_scale, args.data_parallel)
         # a fixed clock, so that dumps of one seed at different lengths are snapshots of one run
         # (same start time, counters growing) that `scan A --after B` can pair without --interval
         start = DUMP_EPOCH - sc.warmup_s
@@ -150,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         bindings = [(args.host, p, ep) for p, ep in zip(ports, endpoints)]
         tick = 1.0
     else:
-        sc = _scaled(load_scenario(args.scenario), args.step_time_scale, args.data_parallel)
+        sc = _with_overrides(load_scenario(args.scenario), args.step_time_scale, args.data_parallel)
         st = build(sc, seed=args.seed, version=args.vllm_version, model=args.model, gpu=args.gpu,
                    speed=args.speed, start_time=now - sc.warmup_s)
         states = [st]

@@ -8,7 +8,7 @@ cycle through the scenarios, so the fleet holds every kind of problem in known p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import yaml
 
 from exporter.errors import InputError
 from exporter.sim.eras import era_for
-from exporter.sim.scenario import SimServerState, build, builtin_names, load_scenario
+from exporter.sim.scenario import SimServerState, build, builtin_names, load_scenario, with_data_parallel
 from exporter.sim.server import Endpoint
 
 DEFAULT_ENGINES = 16
@@ -85,8 +85,7 @@ def build_fleet(spec: FleetSpec, *, start_time: float) -> tuple[list[SimServerSt
         ver = spec.vllm_versions[i % len(spec.vllm_versions)] if spec.vllm_versions else None
         if ver and sc.flags.data_parallel_size > 1 and not _v1(ver):
             # a V0 server has no data parallelism: that engine of the fleet runs one core
-            sc = replace(sc, flags=replace(sc.flags, data_parallel_size=1),
-                         restarts=tuple((at, replace(f, data_parallel_size=1)) for at, f in sc.restarts))
+            sc = with_data_parallel(sc, 1)
         states.append(build(sc, seed=spec.seed + i, version=ver, speed=spec.speed,
                             start_time=start_time - sc.warmup_s))
     shared = [Endpoint(st) for st in states]

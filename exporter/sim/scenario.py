@@ -310,6 +310,12 @@ def parse_scenario(data: Any, where: str) -> Scenario:
     )
 
 
+def with_data_parallel(sc: Scenario, engines: int) -> Scenario:
+    """`sc` run with `engines` data-parallel engines, in its first deployment and every redeploy."""
+    return replace(sc, flags=replace(sc.flags, data_parallel_size=engines),
+                   restarts=tuple((at, replace(f, data_parallel_size=engines)) for at, f in sc.restarts))
+
+
 def load_scenario(name_or_path: str) -> Scenario:
     """A built-in scenario by name, or a user's YAML file by path."""
     path = Path(name_or_path)
