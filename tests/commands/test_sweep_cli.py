@@ -98,8 +98,8 @@ def test_failing_requests_stop_the_sweep(sim, tmp_path, capsys):
 def test_rate_levels(sim, capsys):
     url, _ = sim
     rc = main(["sweep", url, "--rate", "4,8", "--max-requests", "16", "--output-tokens", "8",
-               "--max-duration", "5", "--settle", "0", "--json"])
-    assert rc == 0
+               "--max-duration", "30", "--settle", "0", "--json"])
+    assert rc == 0      # (the duration only bounds: warm-up and 16 Poisson arrivals at 4/s take ~5 s)
     levels = json.loads(capsys.readouterr().out)["levels"]
     assert [lv["rate"] for lv in levels] == [4, 8]
     assert all(lv["completed"] == 16 for lv in levels)
