@@ -5,6 +5,7 @@ servers on 127.0.0.1; daemons.py: the daemon, simulator and Prometheus as subpro
 waits; kube_api_server.py; promql.py) import by bare name."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -12,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import structlog
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -29,9 +31,6 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
 
 def _logging_state():
-    import logging
-
-    import structlog
     root = logging.getLogger()
     return structlog.get_config(), list(root.handlers), root.level
 
@@ -44,9 +43,6 @@ def _logging_isolated():
     """A command run in-process (`exporter.cli.main`, also from a module-scoped fixture)
     configures logging for the whole process, as its entry point should; every test ends with
     the configuration the session started with, so `capture_logs` sees info events."""
-    import logging
-
-    import structlog
     yield
     config, handlers, level = _LOGGING_BASELINE
     structlog.configure(**config)

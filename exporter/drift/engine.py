@@ -120,7 +120,9 @@ class DriftEngine:
         rules = OBSERVATION_RULES if x.observation_only else RULES
         names = _names(rules)
         ok, why = sufficiency(x, one_shot=self.one_shot)
-        quiet = low_traffic(x) if ok else ""
+        asleep = _asleep(x)
+        awake = ok and not asleep       # a window whose load can be judged
+        quiet = low_traffic(x) if awake else ""
         blind = (x.kv_usage_max is None and x.running_mean is None and x.waiting_mean is None
                  and x.prompt_tps is None)
         if blind:
@@ -132,8 +134,7 @@ class DriftEngine:
             findings = tracker.hold(now, x.window_s)
             return self._scores(x, [], findings, status, notes, tracker, statuses)
         ran = _per_engine([f for rule in rules for f in rule(x)], x.engines)
-        asleep = _asleep(x)
-        if ok and not quiet and not asleep:
+        if awake and not quiet:
             status = "ok"
             raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
             findings = tracker.update(raw, now)
@@ -144,11 +145,11 @@ class DriftEngine:
             # max_model_len only against the lifetime's request shapes (>= 50 requests), never a
             # short or quiet window's handful
             scope = tuple(n for n in INSTANT if n != "max_model_len" or x.lifetime_shapes)
-            scope += ("idle_capacity",) if ok and not asleep else ()
+            scope += ("idle_capacity",) if awake else ()
             ran = [f for f in ran if _instant(f, scope) or (f.finding == "unavailable" and
                                                              _finding_of(f) in scope)]
             raw = _step_time_capped(x, [f for f in ran if f.finding in LEVELS])
-            if ok and not asleep:      # a quiet server: idleness and instant findings; the rest clear
+            if awake:      # a quiet server: idleness and instant findings; the rest clear
                 findings = tracker.update(raw, now)
             else:
                 # the gauge means behind kv_pressure already span every scrape in the window:

@@ -66,6 +66,9 @@ _SUCCESS = "vllm:request_success_total"
 _SLEEP = "vllm:engine_sleep_state"
 _WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# families whose samples are also kept apart by one label's value (family -> that label)
+_SPLIT_BY = {_SUCCESS: "finished_reason", _PER_POS: "position", _SLEEP: "sleep_state",
+             _WAITING_BY_REASON: "reason"}
 
 # Families nothing canonical is read from: the reader returns them without samples (they still
 # count in `Snapshot.families` and the version guess). `_created` only of canonical metrics.
@@ -82,8 +85,7 @@ for _m in eras.V0_NAMES + eras.V1_NAMES:  # a name canonical in either era is re
     if _m.key is not None:
         _NAMES_ONLY.discard(_m.exposed)
         _NAMES_ONLY.discard(_m.exposed.removesuffix("_total"))
-_NAMES_ONLY.discard(_SLEEP)       # read for `Snapshot.sleep_level`, though not a canonical key
-_NAMES_ONLY.discard(_WAITING_BY_REASON)   # read for the waiting_capacity / waiting_deferred gauges
+_NAMES_ONLY.difference_update(_SPLIT_BY)   # read by label (the sleep level, waiting by reason) too
 
 READER = Reader(("vllm:", "ray_vllm"), names_only=_NAMES_ONLY)
 
@@ -106,16 +108,13 @@ class _Acc:
     """Per-model accumulation of where a scrape's values go: lists of indices into the flat
     list of sample values (families in order, samples in order)."""
 
-    __slots__ = ("gauges", "counters", "reasons", "per_pos", "hists", "engines", "created", "sleep",
-                 "waiting_reasons")
+    __slots__ = ("gauges", "counters", "split", "hists", "engines", "created")
 
     def __init__(self) -> None:
         self.gauges: dict[str, list[int]] = {}
         self.counters: dict[str, list[int]] = {}
-        self.reasons: dict[str, list[int]] = {}
-        self.sleep: dict[str, list[int]] = {}     # sleep_state label -> indices (every engine)
-        self.waiting_reasons: dict[str, list[int]] = {}   # waiting_by_reason `reason` -> indices
-        self.per_pos: dict[str, list[int]] = {}
+        # a _SPLIT_BY family -> its label's value -> indices (every engine)
+        self.split: dict[str, dict[str, list[int]]] = {}
         # exposed -> engine -> [buckets {le: [indices]}, [sum indices], [count indices]]
         self.hists: dict[str, dict[str | None, list]] = {}
         self.engines: set[str] = set()
@@ -189,20 +188,22 @@ class _ModelPlan:
                 if exposed in acc.counters:
                     self.counters.append((key, tuple(acc.counters[exposed])))
                     break
-        self.reasons = tuple((r, tuple(idx)) for r, idx in acc.reasons.items())
-        self.sleep = tuple((state, tuple(idx)) for state, idx in acc.sleep.items())
+        split = acc.split
+        self.reasons = tuple((r, tuple(idx)) for r, idx in split.get(_SUCCESS, {}).items())
+        self.sleep = tuple((state, tuple(idx)) for state, idx in split.get(_SLEEP, {}).items())
         # vLLM 0.20+: waiting requests by reason; `capacity` waits for a batch slot or KV blocks,
         # every other reason (`deferred`: LoRA budget, KV transfer, blocked) on something else
-        reasons = acc.waiting_reasons
+        reasons = split.get(_WAITING_BY_REASON, {})
         self.waiting_split = (
             (tuple(reasons.get("capacity", ())),
              tuple(i for r, idx in reasons.items() if r != "capacity" for i in idx))
             if "capacity" in reasons else None)
+        per_pos = split.get(_PER_POS, {})
         try:
-            order = sorted(acc.per_pos, key=int)
+            order = sorted(per_pos, key=int)
         except ValueError:
-            order = sorted(acc.per_pos)
-        self.per_pos = tuple(tuple(acc.per_pos[p]) for p in order)
+            order = sorted(per_pos)
+        self.per_pos = tuple(tuple(per_pos[p]) for p in order)
         self.hists = hists
         self.created = tuple(acc.created)
         self.notes = notes
@@ -307,14 +308,9 @@ class _Plan:
                 else:
                     routes[exposed] = [j]
                     names.add(exposed)
-                if exposed == _SUCCESS:
-                    acc.reasons.setdefault(labels.get("finished_reason", ""), []).append(j)
-                elif exposed == _PER_POS:
-                    acc.per_pos.setdefault(labels.get("position", ""), []).append(j)
-                elif exposed == _SLEEP:
-                    acc.sleep.setdefault(labels.get("sleep_state", ""), []).append(j)
-                elif exposed == _WAITING_BY_REASON:
-                    acc.waiting_reasons.setdefault(labels.get("reason", ""), []).append(j)
+                by = _SPLIT_BY.get(exposed)
+                if by is not None:
+                    acc.split.setdefault(exposed, {}).setdefault(labels.get(by, ""), []).append(j)
 
         if not names and not models:
             if ray:

@@ -27,6 +27,7 @@ __all__ = ["Window", "Observed", "Quantiles", "TRACKED_GAUGES"]
 
 TRACKED_GAUGES = ("kv_cache_usage", "num_requests_running", "num_requests_waiting",
                   "num_requests_waiting_deferred")
+_START_TIME_TOLERANCE_S = 1.0
 
 
 def _tracked(gauges) -> tuple:
@@ -38,7 +39,6 @@ def _tracked(gauges) -> tuple:
     return (gauges.get("kv_cache_usage"), gauges.get("num_requests_running"),
             waiting if waiting is not None else gauges.get("num_requests_waiting"),
             gauges.get("num_requests_waiting_deferred"))
-_START_TIME_TOLERANCE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)

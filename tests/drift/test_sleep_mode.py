@@ -118,8 +118,7 @@ def test_the_daemon_exports_the_sleep_level_and_resumes_on_wake(tmp_path, cli_en
         cfg = tmp_path / "c.yaml"
         cfg.write_text("scrape: {interval: 1s, timeout: 1s}\nevaluation: {interval: 1s, window: 30s}\n"
                        f"targets:\n  - url: {site.url}\n    gpu: H100-SXM-80GB\n")
-        d = Daemon(cfg, cli_env)
-        try:
+        with Daemon(cfg, cli_env) as d:
             def level_is(v):
                 return lambda: v in samples(d.metrics(), "vllm_drift_engine_sleep_level").values()
             wait_for(level_is(1.0), timeout=60)
@@ -133,6 +132,4 @@ def test_the_daemon_exports_the_sleep_level_and_resumes_on_wake(tmp_path, cli_en
             with lock:
                 body["now"] = text.encode()
             wait_for(level_is(0.0), timeout=60)
-        finally:
-            d.stop()
 

@@ -142,6 +142,12 @@ class Daemon:
                                       "--listen", f"127.0.0.1:{self.port}"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env)
 
+    def __enter__(self) -> "Daemon":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def metrics(self):
         return get(self.url + "/metrics")[1]
 

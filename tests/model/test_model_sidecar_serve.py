@@ -32,8 +32,7 @@ def _serve(tmp_path, cli_env, models: dict) -> str:
         cfg = tmp_path / "c.yaml"
         cfg.write_text("scrape: {interval: 1s, timeout: 1s}\nevaluation: {interval: 2s, window: 60s}\n"
                        f"targets:\n  - url: {site.url}\n    gpu: L4\n")
-        d = Daemon(cfg, cli_env)
-        try:
+        with Daemon(cfg, cli_env) as d:
             stamps = set()
 
             def evaluated():
@@ -43,8 +42,6 @@ def _serve(tmp_path, cli_env, models: dict) -> str:
                     stamps.update(samples(m, "vllm_drift_last_evaluation_timestamp_seconds").values())
                 return m if len(stamps) >= 3 else None
             return wait_for(evaluated, timeout=60)
-        finally:
-            d.stop()
 
 
 def test_a_v1_models_root_that_is_a_local_model_dir_gets_predictions(tmp_path, cli_env):
