@@ -54,10 +54,21 @@ def test_knee_is_max_num_seqs(tmp_path):
 
 
 def test_knee_is_the_kv_pool(tmp_path):
-    # 96 + 24 tokens = 8 blocks of 16 per request; 33 blocks (32 usable) hold exactly 4 requests
-    srv, st = start(quiet_scenario(tmp_path, max_num_seqs=64, num_gpu_blocks=33, speed=SPEED, name="kv",
+    # 96 + 24 tokens = 8 blocks of 16 per request at the end (6 at admission); 49 blocks (48 usable)
+    # hold 6 whole requests, so the first doubling at or above the pool, 8, is the knee. A pool of
+    # exactly 4 put the knee on a level where the closed-loop client's turnaround idles a slot while
+    # the level above keeps it full from the queue: 4 -> 8 gained 3 to 10 %, astride the threshold.
+    srv, st = start(quiet_scenario(tmp_path, max_num_seqs=64, num_gpu_blocks=49, speed=SPEED, name="kv",
                                       max_model_len=512))
     with srv:
         res = _sweep(srv.urls[0], st.model_name)
-    assert res.knee is not None and res.knee.level == 4, [lv["output_tokens_per_s"] for lv in res.levels]
-    assert res.levels[res.knee.index + 1]["kv_usage_max"] > 0.9
+    tput = [lv["output_tokens_per_s"] for lv in res.levels]
+    assert res.knee is not None and res.knee.reason == "saturated" and res.knee.level == 8, tput
+    assert res.stopped == "knee found" and [lv["concurrency"] for lv in res.levels] == [1, 2, 4, 8, 16]
+    # the pool, not max_num_seqs (64) nor the 16 clients, bounds the batch: at most 48 // 6 = 8
+    # prompts fit, the other clients wait, and the pool is near full
+    lv16 = res.levels[4]
+    assert lv16["running_max"] <= 48 // 6 and lv16["waiting_max"] >= 16 - 48 // 6, lv16
+    assert lv16["kv_usage_max"] >= 0.85, lv16
+    assert tput[3] > 1.3 * tput[2], tput
+    assert all(lv["failed"] == 0 for lv in res.levels)
