@@ -400,6 +400,11 @@ class Operating:
     ttft_p99_s: float = math.inf
 
 
+# Preemption stalls per output token, in decode steps, that steady_state books at most past the KV
+# pool (benchmarks/preemption_stalls.py measures them on the V1 scheduler's rules against it).
+STALL_BOUND_STEPS = 1.0
+
+
 def _chunks(prefill: float, budget: float) -> list[float]:
     if prefill <= 0:
         return []
@@ -519,7 +524,7 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
             # takes (one step's worth per output token); past that bound the overload is
             # clients waiting for their first admission (the c=512 sweeps: TTFT of minutes,
             # clean TPOT)
-            stall = min((1.0 - before) * total_wait, steps_out * tbar)
+            stall = min((1.0 - before) * total_wait, STALL_BOUND_STEPS * steps_out * tbar)
             queue = total_wait - stall
             saturated = True
         x = min(clients, capacity) / r_own
