@@ -9,6 +9,7 @@ Parameter counts are derived from the same fields; multimodal towers come from t
 from __future__ import annotations
 
 import difflib
+import math
 import json
 import re
 from collections import Counter
@@ -24,6 +25,9 @@ from exporter.errors import CatalogError, InputError
 from exporter.model.weights import WeightInfo
 
 FULL, SLIDING, CHUNKED, MAMBA, LINEAR = "full", "sliding", "chunked", "mamba", "linear"
+# a layer with no token mixer, only an MLP or MoE block (Nemotron-H's "-" and "E" layers): no KV
+# cache, no recurrent state, no attention weights
+FFN = "ffn"
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_ds_mla": 1, "int8": 1}
@@ -66,6 +70,31 @@ def normalize_quantization(name: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class RecurrentState:
+    """The per-request state of one Mamba / linear-attention layer, as vLLM shapes it
+    (model_executor/layers/mamba/mamba_utils.py, MambaStateShapeCalculator): a convolution
+    window over `conv_channels` (+ the B/C groups of Mamba2) and a temporal state, both split over
+    TP ranks; Mamba2's groups are replicated up to the TP size when it does not divide them
+    (`extra_groups_for_head_shards`)."""
+    conv_channels: int          # channels of the conv window besides the groups
+    conv_width: int             # conv kernel - 1
+    temporal: int               # temporal (SSM / delta-rule) state elements
+    groups: int = 0             # Mamba2 n_groups
+    group_channels: int = 0     # conv channels per group (2 x d_state: B and C)
+    conv_bytes: int = 2         # the conv state's dtype (the model's)
+    temporal_bytes: int = 2     # the temporal state's (the model's; float32 for Nemotron-H)
+    proj_params: int = 0        # the mixer's linear parameters (0: not derived)
+
+    def bytes_per_rank(self, tp: int = 1) -> int:
+        tp = max(int(tp), 1)
+        groups = self.groups
+        if groups and groups % tp:
+            groups = tp          # n_groups + (tp - n_groups): replicated alongside the heads
+        conv = self.conv_width * math.ceil((self.conv_channels + groups * self.group_channels) / tp)
+        return conv * self.conv_bytes + math.ceil(self.temporal / tp) * self.temporal_bytes
+
+
+@dataclass(frozen=True)
 class ModelArch:
     """The architecture fields of one model (one language model; towers only as a count)."""
 
@@ -88,11 +117,13 @@ class ModelArch:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     q_lora_rank: int = 0
-    # per-layer attention kind (FULL, SLIDING, CHUNKED, MAMBA, LINEAR), length num_layers
+    # per-layer attention kind (FULL, SLIDING, CHUNKED, MAMBA, LINEAR, FFN), length num_layers
     layer_types: tuple[str, ...] = ()
     sliding_window: int = 0
     attention_chunk_size: int = 0
-    state_bytes_per_layer: int = 0         # Mamba / linear-attention recurrent state per request
+    # layers whose block is the token mixer alone, with no MLP (Nemotron-H's "M" and "*")
+    mixer_only_layers: tuple[int, ...] = ()
+    state: RecurrentState | None = None    # Mamba / linear-attention state, when the model has it
     # MoE
     num_experts: int = 0
     experts_per_token: int = 0
@@ -100,6 +131,9 @@ class ModelArch:
     shared_experts: int = 0                # count of shared experts of moe_intermediate_size
     shared_expert_intermediate_size: int = 0
     moe_layers: tuple[int, ...] = ()       # indices of MoE layers
+    # width the routed experts work in when it is not hidden_size: a latent MoE projects each
+    # token down to it and back up (Nemotron-3 Super's moe_latent_size; nemotron_h.py in vLLM)
+    moe_latent_size: int = 0
     rotary_dim: int = 0                    # rotary dims per head (cos/sin cache width)
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
@@ -148,32 +182,67 @@ class ModelArch:
         """Layer `layer` is a Mamba / linear-attention mixer (no KV cache, no attention weights)."""
         return bool(self.layer_types) and self.layer_types[layer] in (MAMBA, LINEAR)
 
+    def has_attention(self, layer: int) -> bool:
+        """Layer `layer` attends (and so has a KV cache): not a recurrent mixer, not MLP-only."""
+        return not self.layer_types or self.layer_types[layer] not in (MAMBA, LINEAR, FFN)
+
+    def has_mlp(self, layer: int) -> bool:
+        """Layer `layer` carries an MLP or MoE block after its mixer."""
+        return layer not in self.mixer_only_layers
+
     @property
     def attention_layers(self) -> int:
-        """Layers with attention (every layer but the mixers)."""
-        return sum(1 for i in range(self.num_layers) if not self.is_mixer(i))
+        """Layers with attention (every layer but the recurrent mixers and the MLP-only ones)."""
+        return sum(1 for i in range(self.num_layers) if self.has_attention(i))
+
+    def state_bytes(self, tp: int = 1) -> int:
+        """Recurrent state of one request in one Mamba / linear-attention layer on one of `tp`
+        ranks (vLLM's MambaSpec page before padding), 0 without such layers."""
+        return self.state.bytes_per_rank(tp) if self.state else 0
+
+    @property
+    def state_bytes_per_layer(self) -> int:
+        """The whole recurrent state of one request in one layer (all ranks together)."""
+        return self.state_bytes(1)
 
     def replicated_linear_params(self) -> int:
         """Linear parameters every TP rank holds whole, summed over all layers: MLA's
         down-projections (`fused_qkv_a_proj` = q_a + kv_a, or `kv_a_proj_with_mqa` alone without a
         q LoRA) are built with `disable_tp=True` / `ReplicatedLinear` in vLLM's deepseek_v2.py, so
         each rank reads all of them every step (Kimi-K2.5: 0.92 B parameters, 1.85 GB at 16 bits
-        on every GPU of a TP8 group, not 0.23)."""
+        on every GPU of a TP8 group, not 0.23); so are a latent MoE's down and up projections
+        (`fc1_latent_proj` / `fc2_latent_proj`, ReplicatedLinear in nemotron_h.py)."""
+        latent = len(self.moe_layers) * self.latent_proj_params()
         if self.attention != "mla":
-            return 0
+            return latent
         per_layer = self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
-        return per_layer * self.attention_layers
+        return per_layer * self.attention_layers + latent
+
+    @property
+    def _mlp_matrices(self) -> int:
+        return 3 if self.gated_mlp else 2     # gate, up, down; or up, down (relu2, gelu)
 
     def dense_mlp_params(self) -> int:
-        return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        return self._mlp_matrices * self.hidden_size * self.intermediate_size
 
     def expert_params(self) -> int:
-        """Parameters of one routed expert."""
-        return 3 * self.hidden_size * self.moe_intermediate_size
+        """Parameters of one routed expert (in the latent width for a latent MoE)."""
+        return self._mlp_matrices * (self.moe_latent_size or self.hidden_size) * self.moe_intermediate_size
+
+    def latent_proj_params(self) -> int:
+        """A latent MoE layer's projections to the experts' width and back."""
+        return 2 * self.hidden_size * self.moe_latent_size if self.moe_latent_size else 0
 
     def shared_expert_params(self) -> int:
-        return 3 * self.hidden_size * (self.shared_experts * self.moe_intermediate_size
-                                       + self.shared_expert_intermediate_size)
+        return self._mlp_matrices * self.hidden_size * (self.shared_experts * self.moe_intermediate_size
+                                                        + self.shared_expert_intermediate_size)
+
+    def mixer_params(self) -> int:
+        """Linear parameters of one Mamba / linear-attention mixer."""
+        if self.state and self.state.proj_params:
+            return self.state.proj_params
+        # in/out projections of a mixer with inner width 2 x hidden [approximation]
+        return 6 * self.hidden_size * self.hidden_size
 
     def unquantized_linear_params(self, parts: frozenset) -> int:
         """Linear parameters of `parts` (QUANT_SKIP_PARTS), summed over all layers: those a
@@ -183,11 +252,11 @@ class ModelArch:
         n = 0
         moe = set(self.moe_layers)
         for i in range(self.num_layers):
-            if "attention" in parts and not self.is_mixer(i):
+            if "attention" in parts and self.has_attention(i):
                 n += self.attention_params_per_layer()
             if i in moe:
                 n += self.shared_expert_params() if "shared_experts" in parts else 0
-            elif "dense_mlp" in parts:
+            elif "dense_mlp" in parts and self.has_mlp(i):
                 n += self.dense_mlp_params()
         return n
 
@@ -207,16 +276,15 @@ class ModelArch:
         for i in range(self.num_layers):
             other += 2 * self.hidden_size
             if self.is_mixer(i):
-                # in/out projections of a mixer with inner width 2 x hidden [approximation]
-                linear += 6 * self.hidden_size * self.hidden_size
-            else:
+                linear += self.mixer_params()
+            elif self.has_attention(i):
                 linear += self.attention_params_per_layer()
             if i in moe:
                 e = self.num_experts * self.expert_params()
-                linear += e + self.shared_expert_params()
+                linear += e + self.shared_expert_params() + self.latent_proj_params()
                 experts += e
                 other += self.hidden_size * self.num_experts
-            else:
+            elif self.has_mlp(i):
                 linear += self.dense_mlp_params()
         return linear, experts, other
 
@@ -362,37 +430,64 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
             period, offset = int(cfg["attn_layer_period"]), int(cfg.get("attn_layer_offset") or 0)
             attn = {i for i in range(n) if i % period == offset}
         return tuple(FULL if i in attn else MAMBA for i in range(n))
-    if isinstance(cfg.get("hybrid_override_pattern"), str):  # Nemotron-H: M=mamba, *=attention
+    if isinstance(cfg.get("hybrid_override_pattern"), str):
+        # Nemotron-H: one block per layer, M = Mamba2 mixer, * = attention, - = MLP, E = MoE
         pat = cfg["hybrid_override_pattern"]
-        return tuple(FULL if c == "*" else MAMBA for c in pat if c in "M*")[:n] or (FULL,) * n
+        if len(pat) != n or set(pat) - set("M*-E"):
+            raise CatalogError(f"{where}: hybrid_override_pattern {pat!r} should have one of M, *, -, E "
+                               f"per layer ({n} layers)")
+        return tuple({"M": MAMBA, "*": FULL}.get(c, FFN) for c in pat)
     if window and model_type in ("mistral", "phi3", "starcoder2", "mixtral") and \
             cfg.get("use_sliding_window", True) and int(window) < int(cfg.get("max_position_embeddings") or 0):
         return (SLIDING,) * n
     return (FULL,) * n
 
 
-def _state_bytes(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int) -> int:
-    """Recurrent state per request per Mamba/linear layer (conv state + SSM state), in bytes.
-    Mamba2: conv (d_conv-1) x (d_inner + 2*groups*d_state), ssm heads x head_dim x d_state;
-    gated delta net: conv over q,k,v channels, state heads x k_dim x v_dim; 2-byte elements
-    (vLLM's mamba cache dtypes default to the model dtype)."""
+# models whose mixers are Mamba1 (vLLM's mamba1_state_shape: jamba.py, mamba.py); the others Mamba2
+_MAMBA1_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
+
+
+def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int, model_type: str,
+                     dtype_bytes: int) -> RecurrentState | None:
+    """The recurrent state of the model's Mamba / linear-attention layers (None without them).
+    Mamba2: conv (d_conv - 1) x (d_inner + 2 x groups x d_state), temporal heads x head_dim x
+    d_state, d_inner = heads x head_dim when the config names them (Nemotron-H) else
+    expand x hidden; gated delta net: conv over q, k, v channels, temporal v_heads x k_dim x v_dim.
+    The state dtypes are the model's (vLLM's mamba cache dtypes default to it), except Nemotron-H's
+    temporal state, which vLLM keeps in the config's `mamba_ssm_cache_dtype` (float32 by default:
+    NemotronHForCausalLMConfig in model_executor/models/config.py)."""
     if MAMBA in types:
         d_state = int(_opt(cfg, "mamba_d_state", "ssm_state_size", "state_size", default=128))
         d_conv = int(_opt(cfg, "mamba_d_conv", "conv_kernel", default=4))
-        expand = int(_opt(cfg, "mamba_expand", "expand", default=2))
-        d_inner = int(_opt(cfg, "mamba_d_inner", default=expand * hidden))
+        heads, head_dim = _opt(cfg, "mamba_num_heads", "mamba_n_heads"), _opt(cfg, "mamba_head_dim", "mamba_d_head")
+        if heads and head_dim:
+            d_inner = int(heads) * int(head_dim)
+        else:
+            d_inner = int(_opt(cfg, "mamba_d_inner", default=int(_opt(cfg, "mamba_expand", "expand", default=2)) * hidden))
+            heads = int(_opt(cfg, "mamba_n_heads", default=max(d_inner // 64, 1)))
+        if model_type in _MAMBA1_TYPES:   # Mamba1: no groups, temporal d_inner x d_state
+            dt_rank = int(_opt(cfg, "mamba_dt_rank", "time_step_rank", default=math.ceil(hidden / 16)))
+            proj = 3 * hidden * d_inner + d_inner * (dt_rank + 2 * d_state) + dt_rank * d_inner
+            return RecurrentState(conv_channels=d_inner, conv_width=d_conv - 1, temporal=d_inner * d_state,
+                                  conv_bytes=dtype_bytes, temporal_bytes=dtype_bytes, proj_params=proj)
         groups = int(_opt(cfg, "mamba_n_groups", "n_groups", default=1))
-        conv = (d_conv - 1) * (d_inner + 2 * groups * d_state) * 2
-        return conv + d_inner * d_state * 2
+        temporal_bytes = dtype_bytes
+        if model_type == "nemotron_h":
+            temporal_bytes = DTYPE_BYTES.get(str(cfg.get("mamba_ssm_cache_dtype") or "float32"), 4)
+        # in_proj (z, x, B, C, dt) and out_proj (mamba_mixer2.py)
+        proj = hidden * (2 * d_inner + 2 * groups * d_state + int(heads)) + d_inner * hidden
+        return RecurrentState(conv_channels=d_inner, conv_width=d_conv - 1, temporal=d_inner * d_state,
+                              groups=groups, group_channels=2 * d_state, conv_bytes=dtype_bytes,
+                              temporal_bytes=temporal_bytes, proj_params=proj)
     if LINEAR in types:
         kh = int(_opt(cfg, "linear_num_key_heads", default=16))
         vh = int(_opt(cfg, "linear_num_value_heads", default=32))
         kd = int(_opt(cfg, "linear_key_head_dim", default=128))
         vd = int(_opt(cfg, "linear_value_head_dim", default=128))
         conv_k = int(_opt(cfg, "linear_conv_kernel_dim", default=4))
-        conv = (conv_k - 1) * (2 * kh * kd + vh * vd) * 2
-        return conv + vh * kd * vd * 2
-    return 0
+        return RecurrentState(conv_channels=2 * kh * kd + vh * vd, conv_width=conv_k - 1,
+                              temporal=vh * kd * vd, conv_bytes=dtype_bytes, temporal_bytes=dtype_bytes)
+    return None
 
 
 def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -515,6 +610,16 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     if model_type not in KNOWN_MODEL_TYPES:
         notes.append(f"model_type {model_type!r} is not one we know; read through the generic "
                      "decoder path (standard config.json fields)")
+    blocks = cfg.get("layers_block_type")
+    if model_type == "nemotron_h" and isinstance(blocks, list) and not cfg.get("hybrid_override_pattern"):
+        # newer Nemotron-H configs list the blocks by name and leave num_hidden_layers to their count
+        letters = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+        unknown = sorted({str(b) for b in blocks} - set(letters))
+        if unknown:
+            raise CatalogError(f"{where}: layers_block_type has {', '.join(map(repr, unknown))}; "
+                               f"expected {', '.join(letters)}")
+        cfg = {**cfg, "hybrid_override_pattern": "".join(letters[str(b)] for b in blocks),
+               "num_hidden_layers": cfg.get("num_hidden_layers") or len(blocks)}
     n = int(_need(cfg, ("num_hidden_layers", "n_layer", "num_layers"), where))
     hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model"), where))
     heads = int(_need(cfg, ("num_attention_heads", "n_head"), where))
@@ -576,6 +681,18 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         shared_inter = moe_inter  # Llama 4 adds one always-on shared expert per MoE layer
     mla = cfg.get("kv_lora_rank") is not None
     types = _layer_types(cfg, model_type, n, where)
+    mixer_only: tuple[int, ...] = ()
+    latent = 0
+    if isinstance(cfg.get("hybrid_override_pattern"), str):
+        # Nemotron-H: the MoE layers are the "E"s, and its shared expert is
+        # moe_shared_expert_intermediate_size x n_shared_experts wide (nemotron_h.py)
+        pat = cfg["hybrid_override_pattern"]
+        moe_layers = tuple(i for i, c in enumerate(pat) if c == "E") if n_experts else ()
+        mixer_only = tuple(i for i, c in enumerate(pat) if c in "M*")
+        if cfg.get("moe_shared_expert_intermediate_size"):
+            shared_inter = int(cfg["moe_shared_expert_intermediate_size"]) * max(shared, 1)
+            shared = 0
+        latent = int(cfg.get("moe_latent_size") or 0)
     dtype = str(_opt(cfg, "torch_dtype", "dtype", default=outer.get("torch_dtype") or "bfloat16"))
     if not extra_params and isinstance(outer.get("vision_config"), Mapping):
         extra_params = vision_tower_params(outer["vision_config"], hidden, outer)
@@ -607,7 +724,11 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         rotary = int(cfg["rotary_dim"])
     else:
         rotary = int(head_dim * float(_opt(cfg, "partial_rotary_factor", default=1.0)))
-    gated = model_type not in ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox")
+    # one up and one down projection (no gate) for these types and for squared-ReLU MLPs
+    # (Nemotron: mlp_hidden_act relu2)
+    gated = model_type not in ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox",
+                               "nemotron", "nemotron_h") \
+        and str(_opt(cfg, "mlp_hidden_act", "hidden_act", default="")).lower() != "relu2"
     return ModelArch(
         name=name, model_type=model_type, num_layers=n, hidden_size=hidden, num_heads=heads,
         num_kv_heads=1 if mla else kv_heads, head_dim=head_dim, intermediate_size=inter,
@@ -623,7 +744,8 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         layer_types=types,
         sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
-        state_bytes_per_layer=_state_bytes(cfg, types, hidden), rotary_dim=rotary,
+        mixer_only_layers=mixer_only, moe_latent_size=latent,
+        state=_recurrent_state(cfg, types, hidden, model_type, DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary,
         num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from exporter.errors import InputError
-from exporter.model.architectures import (CHUNKED, FULL, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM,
+from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM,
                                           SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (DEVICE_WIDE_NON_TORCH_BEFORE, SMALL_SAMPLER,
                                    TOKENS_FROM_CONCURRENCY, Setup)
@@ -146,15 +146,17 @@ def kv_groups(setup: Setup) -> _Groups:
     """vLLM's grouping: one group for uniform models; for hybrids, buckets by kind split into
     groups of G layers (G = smallest bucket, or the largest when max < 1.5 x min), padded."""
     m = setup.model
-    types = m.layer_types or (FULL,) * m.num_layers
+    # MLP-only layers (FFN) hold no cache
+    types = tuple(t for t in m.layer_types if t != FFN) or (FULL,) * m.num_layers
     if setup.v0:  # V0 had no hybrid allocator: every attention layer is sized for full context
         types = tuple(FULL if t in (SLIDING, CHUNKED) else t for t in types)
     counts = Counter(types)
     bs = setup.block_size
     page = bs * token_bytes_per_layer(setup)
     if MAMBA in counts or LINEAR in counts:
-        # attention block size is raised until its page covers the recurrent state page
-        state = m.state_bytes_per_layer
+        # attention block size is raised until its page covers the recurrent state page (one
+        # rank's: vLLM splits the state's channels and heads over TP like the KV heads)
+        state = m.state_bytes(setup.tp)
         if state > page:
             per_token = token_bytes_per_layer(setup)
             bs = math.ceil(state / per_token / 16) * 16

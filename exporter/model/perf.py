@@ -607,7 +607,7 @@ def _kv_read_bytes(setup: Any) -> float:
 def shape_for(setup: Any) -> Shape:
     """Precompute the per-GPU bytes and FLOPs of `setup` (cached: setups are frozen)."""
     from exporter.model import kv_cache as kvc
-    from exporter.model.architectures import CHUNKED, LINEAR, MAMBA, SLIDING
+    from exporter.model.architectures import CHUNKED, FFN, LINEAR, MAMBA, SLIDING
 
     m, tp, pp = setup.model, setup.tp, setup.pp
     native = setup.dtype_bytes
@@ -634,7 +634,7 @@ def shape_for(setup: Any) -> Shape:
     types = m.layer_types or tuple(["full"] * m.num_layers)
     n_swa = sum(1 for t in types if t in (SLIDING, CHUNKED))
     n_state = sum(1 for t in types if t in (MAMBA, LINEAR))
-    n_full = len(types) - n_swa - n_state
+    n_full = sum(1 for t in types if t != FFN) - n_swa - n_state
     # the KV bytes decode attention reads per token, at what an FP8 cache costs in time
     per_layer = _kv_read_bytes(setup)
     if m.attention == "mla":
@@ -667,7 +667,7 @@ def shape_for(setup: Any) -> Shape:
         kv_bytes_per_ctx_token=per_layer * n_full,
         swa_kv_bytes_per_token=swa_bytes,
         swa_window=window,
-        state_bytes_per_seq=n_state * m.state_bytes_per_layer / tp,
+        state_bytes_per_seq=n_state * m.state_bytes(tp),
         attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_full,
         swa_attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_swa,
         n_layers=m.num_layers,

@@ -313,3 +313,17 @@ def test_a_sweep_keeps_every_other_flag_of_the_setup(param):
     assert row["tpot_p50_s"] == pytest.approx(doc["predicted"]["tpot_s"], rel=0.02)
     if param == "tp":   # 32 query heads, 4 KV heads: 1, 2, 4 and 8 all run
         assert [r["value"] for r in doc["sweep"]["rows"]] == [1, 2, 4, 8]
+
+
+def test_a_hybrid_mamba_moe_model_is_sized_and_predicted():
+    """Nemotron-H hybrids (one block per layer: Mamba2, attention, MoE) once ended in a
+    traceback; the calculator now sizes and predicts them like any other model."""
+    out = calc("--model", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8", "--gpu", "H100-SXM-80GB",
+               "--max-model-len", "32768", "--vllm-version", "0.19.0", "--concurrency", "32",
+               "--prompt-tokens", "1024", "--output-tokens", "256", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kv_cache"]["bytes_per_token"] == 6 * 2 * 2 * 128 * 2
+    assert doc["kv_cache"]["tokens"] > 0 and doc["predicted"]["tpot_s"] > 0
+    # FP8 linear layers (31.6B parameters in all): about half the 58.9 GiB the BF16 release loads
+    assert 28.0 < doc["memory"]["weights_gib"] < 32.0

@@ -212,8 +212,10 @@ def test_mamba_hybrid_state_pages(tmp_path):
         "mamba_expand": 2}))
     arch = load_hf_config(tmp_path)
     assert arch.layer_types.count("full") == 2 and arch.layer_types.count("mamba") == 6
-    # state per layer: conv 3 x (2048 + 2 x 16) x 2 B + ssm 2048 x 16 x 2 B
-    assert arch.state_bytes_per_layer == 3 * 2080 * 2 + 2048 * 16 * 2
+    # Jamba's mixers are Mamba1 (vLLM's mamba1_state_shape): conv 3 x 2048 x 2 B + ssm 2048 x 16 x 2 B
+    assert arch.state_bytes_per_layer == 3 * 2048 * 2 + 2048 * 16 * 2
+    # split over TP like the heads: one of two ranks holds half of each
+    assert arch.state_bytes(2) == arch.state_bytes_per_layer // 2
     s = Setup.build(arch, "L4", max_model_len=4096, vllm_version="0.19.0")
     g = kv_groups(s)
     # attention page (2 heads x 128 x K,V x 2 B = 1 KiB per token) grows to cover one state page
@@ -222,3 +224,21 @@ def test_mamba_hybrid_state_pages(tmp_path):
     # two attention layers -> group size 2: one attention group, three mamba groups of one page each
     assert g.group_size == 2 and g.kinds.count("mamba") == 3
     assert blocks_per_request(s, g) == -(-4096 // g.block_size) + 3
+
+
+def test_nemotron_h_pool_pages_hold_only_its_attention_and_mamba_layers():
+    """Nemotron-3 Nano: 6 attention layers of 2 KV heads, 23 Mamba2 layers, 23 MoE-only layers
+    that hold nothing. vLLM raises the attention block size (in kernel blocks of 16) until one
+    attention page covers one rank's Mamba state, and groups the layers by the smallest count."""
+    from exporter.model.architectures import MAMBA, resolve_model
+    arch = resolve_model("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
+    for tp in (1, 2):
+        s = Setup.build(arch, "H100-SXM-80GB", tp=tp, max_model_len=32768, vllm_version="0.19.0")
+        per_layer = 2 * (2 // tp) * 128 * 2           # K and V of the rank's KV heads, bf16
+        assert bytes_per_token(s) == 6 * per_layer
+        g = kv_groups(s)
+        assert g.block_size == 16 * -(-arch.state_bytes(tp) // (16 * per_layer))
+        assert g.page_bytes == g.block_size * per_layer >= arch.state_bytes(tp)
+        assert g.group_size == 6 and g.kinds.count(MAMBA) == 4 and g.kinds.count("full") == 1
+        cap = kv_capacity(s)
+        assert cap.tokens > 0 and cap.max_concurrency > 1

@@ -49,6 +49,15 @@ def test_required_models_resolve(model_id):
     # model cards: "229B total, 10B activated" (+1.2B embeddings and head we count as active) and
     # "1T total, 32B activated" (the vision tower is counted in the total)
     ("MiniMaxAI/MiniMax-M2.5", 229.0, 11.0), ("moonshotai/Kimi-K2.5", 1027.0, 32.9),
+    ("moonshotai/Kimi-K2-Instruct", 1026.0, 32.9), ("Qwen/Qwen3-Coder-480B-A35B-Instruct", 480.0, 35.0),
+    ("mistralai/Mixtral-8x22B-v0.1", 141.0, 39.0), ("Qwen/Qwen3-1.7B", 1.7, None),
+    # "400B total, 17B active" (the vision tower in the total)
+    ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", 400.0, 17.0),
+    # Nemotron-H hybrids (Mamba2 + attention + squared-ReLU MoE, one block per layer): NVIDIA's
+    # cards give Nano 31.6B total, 3.2B active (3.6B with embeddings, as we count them); Super
+    # (latent MoE) 120B total, 12B active
+    ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", 31.6, 3.6),
+    ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", 120.0, 12.7),
 ])
 def test_parameter_counts_match_model_cards(model_id, total, active):
     arch = resolve_model(model_id)
@@ -231,3 +240,68 @@ def test_minimax_m2_experts_use_intermediate_size_and_kimi_k25_reads_its_text_co
     assert k.attention == "mla" and k.num_experts == 384 and len(k.moe_layers) == 60
     assert k.quantization == "w4a16" and k.max_position_embeddings == 262144
     assert resolve_model("nvidia/Kimi-K2.5-NVFP4").num_experts == 384
+
+
+# ---- Nemotron-H: one block per layer ---------------------------------------------------------
+
+NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+
+
+def _nano_config() -> dict:
+    from exporter.model.architectures import _catalog
+    return json.loads(json.dumps(_catalog()[0][NANO]["config"]))
+
+
+def test_nemotron_h_layers_are_one_block_each():
+    """Each character of hybrid_override_pattern is a whole layer (vLLM's nemotron_h.py builds
+    one decoder layer per character): Mamba2 mixers and attention layers carry no MLP, the MoE
+    layers no mixer; only the attention layers hold KV."""
+    from exporter.model.architectures import FFN, MAMBA
+    arch = resolve_model(NANO)
+    pat = _nano_config()["hybrid_override_pattern"]
+    assert arch.num_layers == len(pat) == 52
+    assert arch.layer_types.count(MAMBA) == pat.count("M") == 23
+    assert arch.layer_types.count(FULL) == arch.attention_layers == pat.count("*") == 6
+    assert arch.layer_types.count(FFN) == len(arch.moe_layers) == pat.count("E") == 23
+    assert not arch.gated_mlp                    # relu2: up and down projections only
+    assert all(not arch.has_mlp(i) for i, c in enumerate(pat) if c in "M*")
+    # the variants by name resolve to the same architecture with their weight scheme
+    fp8 = resolve_model("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8")
+    assert fp8.quantization == "fp8" and fp8.layer_types == arch.layer_types
+
+
+def test_nemotron_h_block_names_read_like_the_pattern(tmp_path):
+    """Newer Nemotron-H configs list `layers_block_type` by name and drop num_hidden_layers."""
+    cfg = _nano_config()
+    names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    cfg["layers_block_type"] = [names[c] for c in cfg.pop("hybrid_override_pattern")]
+    del cfg["num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    arch, ref = load_hf_config(tmp_path), resolve_model(NANO)
+    assert (arch.layer_types, arch.moe_layers, arch.total_params) == (ref.layer_types, ref.moe_layers,
+                                                                      ref.total_params)
+    cfg["layers_block_type"][3] = "conv"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CatalogError, match=r"config\.json.*layers_block_type has 'conv'"):
+        load_hf_config(tmp_path)
+
+
+def test_a_pattern_that_does_not_describe_every_layer_is_refused(tmp_path):
+    cfg = _nano_config()
+    cfg["num_hidden_layers"] = 53
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CatalogError, match=r"config\.json.*hybrid_override_pattern.*53 layers"):
+        load_hf_config(tmp_path)
+
+
+def test_mamba2_state_is_split_over_tp_as_vllm_shapes_it():
+    """vLLM's mamba2_state_shape: conv (d_conv - 1) x (d_inner + 2 x groups x d_state) / tp in the
+    model dtype, temporal heads / tp x head_dim x d_state in Nemotron-H's float32; groups that TP
+    does not divide are replicated up to the TP size."""
+    arch = resolve_model(NANO)
+    d_inner, groups, d_state = 64 * 64, 8, 128
+    for tp in (1, 2, 4, 8):
+        conv = 3 * (d_inner + 2 * groups * d_state) // tp * 2
+        assert arch.state_bytes(tp) == conv + d_inner * d_state // tp * 4
+    # 8 groups over 16 ranks: 16 groups' worth of B/C channels, one per rank
+    assert arch.state_bytes(16) == 3 * (d_inner + 2 * 16 * d_state) // 16 * 2 + d_inner * d_state // 16 * 4
