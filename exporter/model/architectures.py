@@ -82,16 +82,22 @@ class RecurrentState:
     groups: int = 0             # Mamba2 n_groups
     group_channels: int = 0     # conv channels per group (2 x d_state: B and C)
     conv_bytes: int = 2         # the conv state's dtype (the model's)
-    temporal_bytes: int = 2     # the temporal state's (the model's; float32 for Nemotron-H)
+    temporal_bytes: int = 2     # the temporal state's (the model's; Nemotron-H's as it names it)
     proj_params: int = 0        # the mixer's linear parameters (0: not derived)
+    # Nemotron-H: vLLM takes the temporal state's dtype from the config (a dtype name) or, when
+    # it names none, a default of the release (True); see setup.NEMOTRON_SSM_FROM_CONFIG
+    ssm_dtype_from_config: str | bool = False
 
-    def bytes_per_rank(self, tp: int = 1) -> int:
+    def bytes_per_rank(self, tp: int = 1, *, conv_bytes: int | None = None,
+                       temporal_bytes: int | None = None) -> int:
         tp = max(int(tp), 1)
+        conv_bytes = self.conv_bytes if conv_bytes is None else conv_bytes
+        temporal_bytes = self.temporal_bytes if temporal_bytes is None else temporal_bytes
         groups = self.groups
         if groups and groups % tp:
             groups = tp          # n_groups + (tp - n_groups): replicated alongside the heads
         conv = self.conv_width * math.ceil((self.conv_channels + groups * self.group_channels) / tp)
-        return conv * self.conv_bytes + math.ceil(self.temporal / tp) * self.temporal_bytes
+        return conv * conv_bytes + math.ceil(self.temporal / tp) * temporal_bytes
 
 
 @dataclass(frozen=True)
@@ -471,14 +477,17 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
             return RecurrentState(conv_channels=d_inner, conv_width=d_conv - 1, temporal=d_inner * d_state,
                                   conv_bytes=dtype_bytes, temporal_bytes=dtype_bytes, proj_params=proj)
         groups = int(_opt(cfg, "mamba_n_groups", "n_groups", default=1))
-        temporal_bytes = dtype_bytes
+        temporal_bytes, from_config = dtype_bytes, False
         if model_type == "nemotron_h":
-            temporal_bytes = DTYPE_BYTES.get(str(cfg.get("mamba_ssm_cache_dtype") or "float32"), 4)
+            named = cfg.get("mamba_ssm_cache_dtype")
+            from_config = str(named) if named else True
+            temporal_bytes = DTYPE_BYTES.get(str(named or "float32"), 4)
         # in_proj (z, x, B, C, dt) and out_proj (mamba_mixer2.py)
         proj = hidden * (2 * d_inner + 2 * groups * d_state + int(heads)) + d_inner * hidden
         return RecurrentState(conv_channels=d_inner, conv_width=d_conv - 1, temporal=d_inner * d_state,
                               groups=groups, group_channels=2 * d_state, conv_bytes=dtype_bytes,
-                              temporal_bytes=temporal_bytes, proj_params=proj)
+                              temporal_bytes=temporal_bytes, proj_params=proj,
+                              ssm_dtype_from_config=from_config)
     if LINEAR in types:
         kh = int(_opt(cfg, "linear_num_key_heads", default=16))
         vh = int(_opt(cfg, "linear_num_value_heads", default=32))

@@ -156,7 +156,7 @@ def kv_groups(setup: Setup) -> _Groups:
     if MAMBA in counts or LINEAR in counts:
         # attention block size is raised until its page covers the recurrent state page (one
         # rank's: vLLM splits the state's channels and heads over TP like the KV heads)
-        state = m.state_bytes(setup.tp)
+        state = setup.state_bytes()
         if state > page:
             per_token = token_bytes_per_layer(setup)
             bs = math.ceil(state / per_token / 16) * 16

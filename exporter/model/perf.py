@@ -667,7 +667,7 @@ def shape_for(setup: Any) -> Shape:
         kv_bytes_per_ctx_token=per_layer * n_full,
         swa_kv_bytes_per_token=swa_bytes,
         swa_window=window,
-        state_bytes_per_seq=n_state * m.state_bytes(tp),
+        state_bytes_per_seq=n_state * setup.state_bytes(),
         attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_full,
         swa_attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_swa,
         n_layers=m.num_layers,

@@ -24,6 +24,11 @@ UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vl
 KV_FROM_CHECKPOINT = (0, 13, 0)  # `--kv-cache-dtype auto` follows the checkpoint's KV scheme (vllm PR #29980, merged Dec 2025) [release inferred from the merge date]
 CUDAGRAPH_ESTIMATE = (0, 21, 0)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default (vllm PR #41099)
 KV_CACHE_MEMORY_BYTES = (0, 10, 2)  # --kv-cache-memory-bytes (vllm PR #21489): absent from 0.10.1's cache_config_info (sim/eras.py)
+# Nemotron-H keeps its Mamba temporal state in the config's `mamba_ssm_cache_dtype` (before: the
+# model dtype; vllm PR #29978, merged Dec 2025 [release inferred from the merge date]), float16 when
+# the config names none, float32 from vllm PR #39032 (merged Apr 2026 [release inferred])
+NEMOTRON_SSM_FROM_CONFIG = (0, 13, 0)
+NEMOTRON_SSM_FLOAT32 = (0, 20, 0)
 TOKENS_FROM_CONCURRENCY = (0, 21, 0)  # "GPU KV cache size" = max_concurrency x max_model_len (PR #40694) [release unverified]
 DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is calibrated on
 # V0 worker before the `memory_profiling` refactor (vllm PR #9352, v0.6.4): non-torch memory was
@@ -107,6 +112,19 @@ class Setup:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    def state_bytes(self) -> int:
+        """One request's recurrent state in one Mamba / linear-attention layer on one rank, in
+        the dtypes this release and `--dtype` give it (0 without such layers)."""
+        st = self.model.state
+        if st is None:
+            return 0
+        temporal = self.dtype_bytes
+        if st.ssm_dtype_from_config and self.vllm_version >= NEMOTRON_SSM_FROM_CONFIG:
+            name = st.ssm_dtype_from_config if isinstance(st.ssm_dtype_from_config, str) else (
+                "float32" if self.vllm_version >= NEMOTRON_SSM_FLOAT32 else "float16")
+            temporal = DTYPE_BYTES.get(name, 4)
+        return st.bytes_per_rank(self.tp, conv_bytes=self.dtype_bytes, temporal_bytes=temporal)
 
     @property
     def cudagraph_estimate_subtracted(self) -> bool:

@@ -242,3 +242,31 @@ def test_nemotron_h_pool_pages_hold_only_its_attention_and_mamba_layers():
         assert g.group_size == 6 and g.kinds.count(MAMBA) == 4 and g.kinds.count("full") == 1
         cap = kv_capacity(s)
         assert cap.tokens > 0 and cap.max_concurrency > 1
+
+
+def test_nemotron_h_block_size_matches_what_vllm_logged():
+    """nvidia/NVIDIA-Nemotron-Nano-9B-v2 on one GPU: vLLM's hybrid page alignment gave
+    "attention page sizes ... 672 tokens" (vllm issue #24280, 2025-09-04): 8 KV heads of 128 at
+    bf16 are 4 KiB per token and layer, one Mamba2 state (128 heads x 80, 8 groups, d_state 128,
+    conv 4) at the model dtype is 2,695,168 B, and 16 x ceil(2,695,168 / (16 x 4096)) = 672.
+    From the release that reads Nemotron-H's SSM dtype from its config the state of a config that
+    names none stays 16-bit, and from the one that defaults it to float32 the block doubles."""
+    import json
+    from exporter.model.architectures import arch_from_config
+    pattern = ("M-" * 24 + "M*M*M*M*")[:56]
+    cfg = {"model_type": "nemotron_h", "num_hidden_layers": 56, "hidden_size": 4480,
+           "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+           "intermediate_size": 15680, "mlp_hidden_act": "relu2", "vocab_size": 131072,
+           "max_position_embeddings": 131072, "hybrid_override_pattern": pattern,
+           "mamba_num_heads": 128, "mamba_head_dim": 80, "n_groups": 8, "ssm_state_size": 128,
+           "conv_kernel": 4, "torch_dtype": "bfloat16"}
+    arch = arch_from_config(json.loads(json.dumps(cfg)), name="nemotron-nano-9b-v2", where="test")
+    for version, block in (("0.10.2", 672), ("0.19.0", 672), ("0.20.0", 1312)):
+        s = Setup.build(arch, "H100-SXM-80GB", max_model_len=32768, vllm_version=version)
+        assert kv_groups(s).block_size == block, version
+    # a config that names float32 (Nemotron-3) has it from the release that reads the config
+    arch32 = arch_from_config({**cfg, "mamba_ssm_cache_dtype": "float32"}, name="nemotron-nano-9b-v2", where="test")
+    assert kv_groups(Setup.build(arch32, "H100-SXM-80GB", max_model_len=32768,
+                                 vllm_version="0.10.2")).block_size == 672
+    assert kv_groups(Setup.build(arch32, "H100-SXM-80GB", max_model_len=32768,
+                                 vllm_version="0.19.0")).block_size == 1312
