@@ -460,8 +460,9 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
     d_state, d_inner = heads x head_dim when the config names them (Nemotron-H) else
     expand x hidden; gated delta net: conv over q, k, v channels, temporal v_heads x k_dim x v_dim.
     The state dtypes are the model's (vLLM's mamba cache dtypes default to it), except Nemotron-H's
-    temporal state, which vLLM keeps in the config's `mamba_ssm_cache_dtype` (float32 by default:
-    NemotronHForCausalLMConfig in model_executor/models/config.py)."""
+    temporal state, which later releases keep in the config's `mamba_ssm_cache_dtype`
+    (NemotronHForCausalLMConfig in model_executor/models/config.py): `temporal_bytes` here is the
+    config's (float32 when it names none), `Setup.state_bytes` the one a given release uses."""
     if MAMBA in types:
         d_state = int(_opt(cfg, "mamba_d_state", "ssm_state_size", "state_size", default=128))
         d_conv = int(_opt(cfg, "mamba_d_conv", "conv_kernel", default=4))
