@@ -607,7 +607,7 @@ def _kv_read_bytes(setup: Any) -> float:
 def shape_for(setup: Any) -> Shape:
     """Precompute the per-GPU bytes and FLOPs of `setup` (cached: setups are frozen)."""
     from exporter.model import kv_cache as kvc
-    from exporter.model.architectures import CHUNKED, FFN, LINEAR, MAMBA, SLIDING
+    from exporter.model.architectures import CHUNKED, LINEAR, MAMBA, SLIDING
 
     m, tp, pp = setup.model, setup.tp, setup.pp
     native = setup.dtype_bytes
@@ -634,7 +634,7 @@ def shape_for(setup: Any) -> Shape:
     types = m.layer_types or tuple(["full"] * m.num_layers)
     n_swa = sum(1 for t in types if t in (SLIDING, CHUNKED))
     n_state = sum(1 for t in types if t in (MAMBA, LINEAR))
-    n_full = sum(1 for t in types if t != FFN) - n_swa - n_state
+    n_full = m.attention_layers - n_swa     # full-context attention: neither windowed nor recurrent/MLP-only
     # the KV bytes decode attention reads per token, at what an FP8 cache costs in time
     per_layer = _kv_read_bytes(setup)
     if m.attention == "mla":
