@@ -72,11 +72,30 @@ def captures():
 
 
 def free_port() -> int:
+    """A port free now, for a server the test is about to start (it binds it itself)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+_HELD: list[socket.socket] = []
+
+
+def dead_url() -> str:
+    """A loopback URL where nothing listens, for the rest of the session.
+
+    The port stays bound by a socket that never listens, so connections to it are refused and
+    no server the test starts later (asked for port 0) can be handed the same port. A port
+    from `free_port()` is released at once and may be given to the next bind: a "dead" target
+    could then share its URL with a live one, and a config listing both is refused as a
+    duplicate.
+    """
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture

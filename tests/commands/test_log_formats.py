@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from conftest import free_port
+from conftest import dead_url, free_port
 
 LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)(?:\s+|$)')
 
@@ -25,7 +25,7 @@ def parse_logfmt(line: str) -> list[tuple[str, str]]:
 
 def serve_stderr(fmt: str, cli_env) -> list[str]:
     r = subprocess.run([sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{free_port()}",
-                        "--target", f"http://127.0.0.1:{free_port()}", "--duration", "3", "--log-format", fmt],
+                        "--target", dead_url(), "--duration", "3", "--log-format", fmt],
                        capture_output=True, text=True, timeout=60, env=cli_env)
     assert r.returncode == 0, r.stderr
     return [line for line in r.stderr.splitlines() if line.strip()]

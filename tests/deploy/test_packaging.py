@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO, dead_url, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +119,7 @@ def test_installed_daemon_serves_build_info_and_the_status_page_without_build_to
     assert run([pip, "uninstall", "--yes", "pip", "setuptools", "wheel"]).returncode == 0
     assert not (venv / "bin" / "pip").exists()
     port = free_port()
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = dead_url()
     proc = subprocess.Popen([str(venv / "bin" / "vllm-drift"), "serve", "--listen", f"127.0.0.1:{port}",
                              "--target", dead, "--duration", "60", "--log-format", "logfmt"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, text=True)

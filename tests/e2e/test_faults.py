@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import loopback
-from conftest import free_port
+from conftest import dead_url, free_port
 from daemons import Serve, Simulator, samples, wait_cycles, wait_for
 
 CAPTURE = "vllm-0.10.1-v1-ngc2509-qwen3-4b.prom"
@@ -72,7 +72,7 @@ def test_hostile_targets_do_not_slow_metrics_or_healthy_targets(capture, tmp_pat
         "flapping": (loopback.flapping(ok, html_500), "http_status"),
     }
     bad = {k: loopback.Site(h) for k, (h, _) in bad_handlers.items()}
-    refused = f"http://127.0.0.1:{free_port()}"          # nothing listens there
+    refused = dead_url()                                # nothing listens there
     for s in healthy + list(bad.values()):
         s.__enter__()
     head = (f"scrape: {{interval: {interval}s, timeout: {timeout}s, max_body_bytes: 16MiB}}\n"

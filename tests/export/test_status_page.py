@@ -17,7 +17,7 @@ from html.parser import HTMLParser
 import bcrypt
 import pytest
 
-from conftest import free_port
+from conftest import dead_url, free_port
 from exporter.export import status_page
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -196,7 +196,7 @@ def test_chromium_renders_every_simulated_target_and_its_findings(tmp_path, cli_
     sim = subprocess.Popen([sys.executable, "-m", "exporter", "simulate", "--fleet", str(n), "--port", str(first),
                             "--speed", "20", "--duration", "150"], env=cli_env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    dead = f"http://127.0.0.1:{free_port()}"          # nothing listens there: a down target
+    dead = dead_url()                                # nothing listens there: a down target
     password = "status-page-pw"
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
     urls = [f"http://127.0.0.1:{first + i}" for i in range(n)]

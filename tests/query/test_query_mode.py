@@ -11,7 +11,7 @@ import time
 import pytest
 
 import loopback
-from conftest import free_port, shared_path
+from conftest import dead_url, shared_path
 from daemons import PROMETHEUS, Daemon, Prometheus, get, samples, wait_evaluations, wait_for
 
 from exporter.config import PrometheusConfig
@@ -213,7 +213,7 @@ def test_client_error_reasons(tmp_path):
 
     async def main() -> list[str]:
         return await asyncio.wait_for(asyncio.gather(
-            reason(slow.url), reason(bad_query.url), reason(html.url), reason(f"http://127.0.0.1:{free_port()}")), 20)
+            reason(slow.url), reason(bad_query.url), reason(html.url), reason(dead_url())), 20)
 
     with slow, bad_query, html:
         got = asyncio.run(main())
