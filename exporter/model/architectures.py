@@ -509,6 +509,10 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
     if not isinstance(qc, Mapping):
         return None, ""
     method = str(qc.get("quant_method") or qc.get("format") or "").lower()
+    inner = qc.get("quantization")
+    if not method and (str((qc.get("producer") or {}).get("name") or "").lower() == "modelopt"
+                       or (isinstance(inner, Mapping) and "modelopt_quant_config" in inner)):
+        method = "modelopt"   # ModelOpt's hf_quant_config.json names a producer, not a method
     bits = qc.get("bits") or qc.get("w_bit")
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin"):
         base = method.split("_")[0]
@@ -523,8 +527,13 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
             return "w8a16", "bitsandbytes 8-bit"
         return "w4a16", f"bitsandbytes 4-bit ({qc.get('bnb_4bit_quant_type') or 'nf4'})"
     if method in ("modelopt", "modelopt_fp4"):
-        algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "FP8")
-        return ("nvfp4" if "FP4" in algo.upper() else "fp8"), f"modelopt {algo}"
+        algo = str(qc.get("quant_algo") or (inner if isinstance(inner, Mapping) else {}).get("quant_algo")
+                   or "FP8")
+        if "FP4" in algo.upper():
+            return "nvfp4", f"modelopt {algo}"
+        if algo.upper().startswith("FP8"):
+            return "fp8", f"modelopt {algo}"
+        return None, f"modelopt quant_algo {algo!r} not modelled; weights counted at the model dtype"
     if method in ("compressed-tensors", "compressed_tensors") or isinstance(qc.get("config_groups"), Mapping):
         groups = qc.get("config_groups") or {}
         for group in groups.values() if isinstance(groups, Mapping) else ():
@@ -604,7 +613,21 @@ def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[
 def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      extra_params: int = 0, quantization: str | None = None,
                      generation: Mapping[str, Any] | None = None) -> ModelArch:
-    """Build a ModelArch from a parsed HF config.json (nested text_config supported)."""
+    """Build a ModelArch from a parsed HF config.json (nested text_config supported). A field of
+    a shape this reader does not know (a list where a number was expected, ...) is a
+    CatalogError naming the file, never a traceback."""
+    try:
+        return _arch_from_config(config, name=name, where=where, extra_params=extra_params,
+                                 quantization=quantization, generation=generation)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        model_type = config.get("model_type") if isinstance(config, Mapping) else None
+        raise CatalogError(f"{where}: config.json not readable as a decoder (model_type "
+                           f"{model_type!r}): {exc.__class__.__name__}: {exc}") from None
+
+
+def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
+                      extra_params: int, quantization: str | None,
+                      generation: Mapping[str, Any] | None) -> ModelArch:
     if not isinstance(config, Mapping):
         raise CatalogError(f"{where}: config.json is not a JSON object")
     outer = config
@@ -676,10 +699,15 @@ def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     moe_layers: tuple[int, ...] = ()
     if n_experts:
         first_dense = int(_opt(cfg, "first_k_dense_replace", default=0) or 0)
-        freq = int(_opt(cfg, "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
-                        default=1) or 1)
+        raw_freq = _opt(cfg, "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1)
+        freq = 1 if isinstance(raw_freq, list) else int(raw_freq or 1)
         mlp_only = set(_opt(cfg, "mlp_only_layers", default=[]) or [])
-        if (model_type in ("llama4_text", "llama4") or cfg.get("decoder_sparse_step")) and freq > 1:
+        if isinstance(raw_freq, list):
+            # one flag per layer (MiMo-V2, MiniMax-M3: `moe_layer_freq[i]` truthy = MoE, mimo_v2.py)
+            if len(raw_freq) != n:
+                raise CatalogError(f"{where}: moe_layer_freq has {len(raw_freq)} entries, expected {n}")
+            moe_layers = tuple(i for i, f in enumerate(raw_freq) if f and i not in mlp_only)
+        elif (model_type in ("llama4_text", "llama4") or cfg.get("decoder_sparse_step")) and freq > 1:
             # Llama 4 / Qwen-MoE: layer i is sparse when (i + 1) % step == 0
             moe_layers = tuple(i for i in range(n) if (i + 1) % freq == 0 and i not in mlp_only)
         else:

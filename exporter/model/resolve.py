@@ -128,10 +128,33 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+QUANT_COMPANION = "hf_quant_config.json"
+
+
+def with_quant_companion(cfg: dict[str, Any], companion: dict[str, Any] | None) -> dict[str, Any]:
+    """config.json with ModelOpt's separate quantization file applied as vLLM applies it: ModelOpt
+    0.29 and before saved the quantization config in `hf_quant_config.json` beside config.json,
+    and vLLM reads that file as the `quantization_config` when config.json has none
+    (vllm/transformers_utils/config.py). nvidia/*-NVFP4 and *-FP8 checkpoints of that era carry
+    only this file, so without it their FP4 experts would be counted at BF16."""
+    if cfg.get("quantization_config") is not None or not isinstance(companion, dict):
+        return cfg
+    return {**cfg, "quantization_config": companion}
+
+
+def _companion_beside(config_path: Path) -> dict[str, Any] | None:
+    path = config_path.parent / QUANT_COMPANION
+    return _read_json(path) if path.is_file() else None
+
+
 def _from_config_file(path: Path, name: str, *, settings: HubSettings,
                       notes: list[str]) -> ModelArch:
-    """Arch from a config.json on disk; exact weights from the safetensors beside it."""
-    arch = arch_from_config(_read_json(path), name=name, where=str(path))
+    """Arch from a config.json on disk (with the hf_quant_config.json beside it, if any);
+    exact weights from the safetensors beside it."""
+    cfg = _read_json(path)
+    if cfg.get("quantization_config") is None:
+        cfg = with_quant_companion(cfg, _companion_beside(path))
+    arch = arch_from_config(cfg, name=name, where=str(path))
     if settings.weights:
         try:
             info = weights_mod.from_local_dir(path.parent, num_layers=arch.num_layers)
@@ -191,7 +214,10 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
     except Exception as exc:  # not found, gated, unreachable, timed out: one line, keep going
         tried.append(f"hub {endpoint}: {_short(exc)}")
         return None
-    arch = arch_from_config(_read_json(Path(path)), name=repo_id, where=f"{endpoint}/{repo_id}/config.json")
+    cfg = _read_json(Path(path))
+    if cfg.get("quantization_config") is None:
+        cfg = with_quant_companion(cfg, _hub_companion(repo_id, settings, notes))
+    arch = arch_from_config(cfg, name=repo_id, where=f"{endpoint}/{repo_id}/config.json")
     info = None
     if settings.weights:
         # the shards may already be in the cache (a host that ran vLLM); else the Hub's headers
@@ -206,6 +232,19 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
                 notes.append(f"no safetensors metadata from the hub ({_short(exc)}); "
                              "weight bytes from config fields")
     return _with_weights(arch, info) if info is not None else arch
+
+
+def _hub_companion(repo_id: str, settings: HubSettings, notes: list[str]) -> dict[str, Any] | None:
+    """The repository's hf_quant_config.json, None when it has none (HTTP 404, as for most models)."""
+    try:
+        path = hf_hub_download(repo_id, QUANT_COMPANION, cache_dir=str(settings.hub_cache()),
+                               endpoint=settings.hub_endpoint(), etag_timeout=settings.timeout)
+    except Exception as exc:
+        if getattr(getattr(exc, "response", None), "status_code", None) != 404:
+            notes.append(f"{QUANT_COMPANION} unreadable from the hub ({_short(exc)}); "
+                         "quantization from config.json alone")
+        return None
+    return _read_json(Path(path))
 
 
 def _hub_weights(api: Any, repo_id: str, num_layers: int, settings: HubSettings) -> weights_mod.WeightInfo:

@@ -342,8 +342,9 @@ def _resolve_kv_dtype(kv: str, arch: ModelArch, version: Version, quant: str | N
     NVFP4 of a model whose own checkpoint is not NVFP4 can only be a pre-quantized checkpoint
     (vLLM has no runtime FP4 quantization), and those are ModelOpt's (nvidia/*-NVFP4), whose
     `hf_quant_config.json` names `kv_cache_quant_algo: FP8` (as nvidia/Qwen3-30B-A3B-NVFP4's does,
-    vllm issue #34752; not read here for each model): an FP8 cache. Measured: aiconfigurator's
-    NVFP4 runs on B200 hold the concurrency an FP8 pool holds and a BF16 one does not
+    vllm issue #34752; read when that file is at hand, `resolve.with_quant_companion`): an FP8
+    cache. Measured: aiconfigurator's NVFP4 runs on B200 hold the concurrency an FP8 pool holds
+    and a BF16 one does not
     (MiniMax-M2.5 TP2 8192/1024 at c=128: TTFT 0.97 s measured, 0.68 s predicted with the FP8
     pool, 11.3 s with a BF16 one)."""
     if kv == "auto" and version >= KV_FROM_CHECKPOINT:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.errors import CatalogError
 from exporter.model.architectures import arch_from_config, quant_from_config
 from exporter.model.weights import from_local_dir, read_header, summarize
 from fake_hub import safetensors_header_only
@@ -38,6 +39,41 @@ def test_quantization_config_schemes(qc, scheme, words):
     assert got == scheme and words in note
     arch = arch_from_config({**BASE, "quantization_config": qc}, name="x", where="x")
     assert arch.quantization == scheme and any(words in n for n in arch.notes)
+
+
+@pytest.mark.parametrize("algo, scheme", [("NVFP4", "nvfp4"), ("FP8", "fp8"), ("FP8_PB_WO", "fp8")])
+def test_modelopt_hf_quant_config_names_a_producer_not_a_method(algo, scheme):
+    """ModelOpt <= 0.29's hf_quant_config.json: no quant_method, the producer and
+    quantization.quant_algo say it (vLLM sets modelopt / modelopt_fp4 from them)."""
+    qc = {"producer": {"name": "modelopt", "version": "0.29.0"},
+          "quantization": {"quant_algo": algo, "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}}
+    got, note = quant_from_config({"quantization_config": qc})
+    assert got == scheme and f"modelopt {algo}" in note
+    arch = arch_from_config({**BASE, "quantization_config": qc}, name="x", where="x")
+    assert arch.quantization == scheme and arch.kv_cache_quant == "fp8"
+    # an algorithm vLLM's ModelOpt loader does not know is named, not guessed
+    qc["quantization"]["quant_algo"] = "W4A8_AWQ"
+    got, note = quant_from_config({"quantization_config": qc})
+    assert got is None and "'W4A8_AWQ' not modelled" in note
+
+
+def test_per_layer_moe_flags_pick_the_sparse_layers():
+    """MiMo-V2 / MiniMax-M3 list one flag per layer in moe_layer_freq (mimo_v2.py reads
+    moe_layer_freq[layer_idx]); the list used to crash the reader with a TypeError."""
+    flags = [0, 1, 1, 0, 1, 1, 1, 1]
+    cfg = {**BASE, "model_type": "mimo_v2_flash", "num_hidden_layers": 8, "n_routed_experts": 16,
+           "num_experts_per_tok": 4, "moe_intermediate_size": 64, "moe_layer_freq": flags}
+    arch = arch_from_config(cfg, name="x", where="x")
+    assert arch.moe_layers == (1, 2, 4, 5, 6, 7)
+    with pytest.raises(CatalogError, match=r"cfg\.json: moe_layer_freq has 7 entries, expected 8"):
+        arch_from_config({**cfg, "moe_layer_freq": flags[:7]}, name="x", where="cfg.json")
+
+
+def test_a_field_of_an_unknown_shape_is_a_catalog_error_naming_the_file():
+    cfg = {**BASE, "num_key_value_heads": [2, 2, 4, 4]}
+    with pytest.raises(CatalogError) as e:
+        arch_from_config(cfg, name="x", where="/models/x/config.json")
+    assert str(e.value).startswith("/models/x/config.json: config.json not readable") and "llama" in str(e.value)
 
 
 def test_unmodelled_quantization_is_named_not_refused():

@@ -265,8 +265,67 @@ def test_hub_not_found_offline_and_unreachable_are_one_clause_each(tmp_path):
 
 
 def _closed_port() -> int:
-    from conftest import free_port
-    return free_port()
+    from conftest import dead_url
+    return int(dead_url().rsplit(":", 1)[1])
+
+
+# ModelOpt <= 0.29 wrote the quantization beside config.json, in hf_quant_config.json, and left
+# config.json without quantization_config (nvidia/Llama-3.1-8B-Instruct-FP4, nvidia/DeepSeek-V3.1-NVFP4):
+# the file's layout as ModelOpt writes it
+MODELOPT_FP4 = json.dumps({"producer": {"name": "modelopt", "version": "0.22.1"},
+                           "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
+                                            "group_size": 16, "exclude_modules": ["lm_head"]}}).encode()
+LLAMA3 = "meta-llama/Meta-Llama-3-8B-Instruct"
+
+
+def _fp4_checks(res, plain) -> None:
+    """NVFP4 weights (4.5 bits with scales) and an FP8 KV cache (kv_cache_quant_algo, vLLM >= 0.13)."""
+    assert res.arch.quantization == "nvfp4" and res.arch.kv_cache_quant == "fp8"
+    assert any("modelopt NVFP4" in n for n in res.arch.notes)
+    fp4 = Setup.build(res.arch, "B200", max_model_len=4096, vllm_version="0.19.0")
+    bf16 = Setup.build(plain.arch, "B200", max_model_len=4096, vllm_version="0.19.0")
+    assert 0.3 < weights_bytes(fp4) / weights_bytes(bf16) < 0.4
+
+
+def test_modelopt_hf_quant_config_json_beside_config_json_is_read_as_vllm_reads_it(tmp_path):
+    plain = resolve_model(str(CONFIGS / LLAMA3.replace("/", "--")), settings=HubSettings(offline=True))
+    assert plain.arch.quantization is None
+    # a local model directory
+    local = tmp_path / "Llama-3-8B-FP4"
+    local.mkdir()
+    (local / "config.json").write_bytes(config_bytes(LLAMA3))
+    (local / "hf_quant_config.json").write_bytes(MODELOPT_FP4)
+    _fp4_checks(resolve_model(str(local), settings=HubSettings(offline=True)), plain)
+    # the HF cache (a vLLM host's snapshot holds both files)
+    cache = tmp_path / "hub"
+    hf_cache_entry(cache, "nvidia/Llama-3-8B-FP4", {"config.json": config_bytes(LLAMA3),
+                                                    "hf_quant_config.json": MODELOPT_FP4})
+    res = resolve_model("nvidia/Llama-3-8B-FP4", settings=HubSettings(cache_dir=str(cache), offline=True))
+    assert res.source == "hf-cache"
+    _fp4_checks(res, plain)
+    # config.json's own quantization_config wins, as in vLLM
+    (local / "config.json").write_text(json.dumps({**json.loads(config_bytes(LLAMA3)), "quantization_config": {
+        "quant_method": "fp8", "activation_scheme": "dynamic"}}))
+    clear_cache()
+    assert resolve_model(str(local), settings=HubSettings(offline=True)).arch.quantization == "fp8"
+
+
+def test_the_hub_is_asked_for_hf_quant_config_json_only_without_quantization_config(tmp_path):
+    repos = {"nvidia/Llama-3-8B-FP4": {"config.json": config_bytes(LLAMA3), "hf_quant_config.json": MODELOPT_FP4},
+             LLAMA3: {"config.json": config_bytes(LLAMA3)},
+             "Qwen/Qwen3-8B-FP8": {"config.json": config_bytes("Qwen/Qwen3-8B-FP8")}}
+    with FakeHub(repos) as hub:
+        s = HubSettings(endpoint=hub.url, cache_dir=str(tmp_path / "hub"), offline=False, timeout=5, weights=False)
+        fp4 = resolve_model("nvidia/Llama-3-8B-FP4", settings=s)
+        plain = resolve_model(LLAMA3, settings=s)
+        fp8 = resolve_model("Qwen/Qwen3-8B-FP8", settings=s)
+        asked = [(m, p) for m, p, _ in hub.requests if "hf_quant_config.json" in p]
+    assert fp4.source == plain.source == "hub"
+    _fp4_checks(fp4, plain)
+    # a model without the file: one 404, no note; a config with quantization_config: not asked
+    assert plain.arch.quantization is None and not any("hf_quant_config" in n for n in plain.notes)
+    assert any("Meta-Llama-3-8B-Instruct" in p for _, p in asked)
+    assert not any("Qwen3-8B-FP8" in p for _, p in asked) and fp8.arch.quantization == "fp8"
 
 
 # ---- 2. the server's /v1/models root: a model volume the sidecar shares ----------------------
