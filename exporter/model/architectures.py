@@ -610,6 +610,11 @@ def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[
     return layers * per_layer + patch + projector
 
 
+# config keys giving some layers an attention shape of their own (see arch_from_config's note)
+_PER_KIND_SHAPE_KEYS = ("global_head_dim", "num_global_key_value_heads", "swa_head_dim",
+                        "swa_num_key_value_heads", "swa_v_head_dim")
+
+
 def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      extra_params: int = 0, quantization: str | None = None,
                      generation: Mapping[str, Any] | None = None) -> ModelArch:
@@ -756,6 +761,14 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      f"{len(moe_layers)} of {n} layers sparse")
     if len(set(types)) > 1:
         notes.append("hybrid layers: " + ", ".join(f"{c} {t}" for t, c in Counter(types).items()))
+    keys = _PER_KIND_SHAPE_KEYS + (() if mla else ("v_head_dim",))   # MLA's v_head_dim is modelled
+    own = {k: cfg[k] for k in keys if cfg.get(k) not in (None, head_dim, kv_heads)}
+    if own:
+        # Gemma 4 (global_head_dim, num_global_key_value_heads, attention_k_eq_v), MiMo-V2
+        # (swa_head_dim, swa_num_key_value_heads, v_head_dim): pages vLLM unifies by block size
+        notes.append("per-layer-kind attention shapes not modelled ("
+                     + ", ".join(f"{k} {v}" for k, v in own.items())
+                     + f"): every layer's KV counted at {kv_heads} KV heads x head_dim {head_dim}")
     if mla:
         rotary = int(cfg.get("qk_rope_head_dim") or 0)
     elif cfg.get("rotary_dim"):

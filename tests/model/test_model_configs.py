@@ -69,6 +69,22 @@ def test_per_layer_moe_flags_pick_the_sparse_layers():
         arch_from_config({**cfg, "moe_layer_freq": flags[:7]}, name="x", where="cfg.json")
 
 
+def test_attention_shapes_of_their_own_per_layer_kind_are_named_as_not_modelled():
+    """Gemma 4's global layers (4 KV heads x 512, K = V) and MiMo-V2's sliding layers have shapes
+    of their own; the KV model counts one shape for every layer, and says so."""
+    gemma4 = {**BASE, "model_type": "gemma4_text", "head_dim": 64, "global_head_dim": 128,
+              "num_global_key_value_heads": 1, "attention_k_eq_v": True}
+    arch = arch_from_config(gemma4, name="x", where="x")
+    note = next(n for n in arch.notes if n.startswith("per-layer-kind attention shapes not modelled"))
+    assert "global_head_dim 128" in note and "num_global_key_value_heads 1" in note
+    assert "2 KV heads x head_dim 64" in note
+    mimo = {**BASE, "head_dim": 96, "v_head_dim": 64, "swa_head_dim": 96, "swa_num_key_value_heads": 4}
+    note = next(n for n in arch_from_config(mimo, name="x", where="x").notes if "per-layer-kind" in n)
+    assert "v_head_dim 64" in note and "swa_num_key_value_heads 4" in note and "swa_head_dim" not in note
+    # MLA's v_head_dim is part of the modelled latent cache; a plain model has no such note
+    assert not any("per-layer-kind" in n for n in arch_from_config(BASE, name="x", where="x").notes)
+
+
 def test_a_field_of_an_unknown_shape_is_a_catalog_error_naming_the_file():
     cfg = {**BASE, "num_key_value_heads": [2, 2, 4, 4]}
     with pytest.raises(CatalogError) as e:
