@@ -509,9 +509,9 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
     if not isinstance(qc, Mapping):
         return None, ""
     method = str(qc.get("quant_method") or qc.get("format") or "").lower()
-    inner = qc.get("quantization")
+    inner = qc["quantization"] if isinstance(qc.get("quantization"), Mapping) else {}
     if not method and (str((qc.get("producer") or {}).get("name") or "").lower() == "modelopt"
-                       or (isinstance(inner, Mapping) and "modelopt_quant_config" in inner)):
+                       or "modelopt_quant_config" in inner):
         method = "modelopt"   # ModelOpt's hf_quant_config.json names a producer, not a method
     bits = qc.get("bits") or qc.get("w_bit")
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin"):
@@ -527,8 +527,7 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
             return "w8a16", "bitsandbytes 8-bit"
         return "w4a16", f"bitsandbytes 4-bit ({qc.get('bnb_4bit_quant_type') or 'nf4'})"
     if method in ("modelopt", "modelopt_fp4"):
-        algo = str(qc.get("quant_algo") or (inner if isinstance(inner, Mapping) else {}).get("quant_algo")
-                   or "FP8")
+        algo = str(qc.get("quant_algo") or inner.get("quant_algo") or "FP8")
         if "FP4" in algo.upper():
             return "nvfp4", f"modelopt {algo}"
         if algo.upper().startswith("FP8"):
@@ -610,9 +609,11 @@ def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[
     return layers * per_layer + patch + projector
 
 
-# config keys giving some layers an attention shape of their own (see arch_from_config's note)
-_PER_KIND_SHAPE_KEYS = ("global_head_dim", "num_global_key_value_heads", "swa_head_dim",
-                        "swa_num_key_value_heads", "swa_v_head_dim")
+# config keys giving some layers an attention shape of their own (see arch_from_config's note),
+# each with the uniform field it departs from
+_PER_KIND_SHAPE_KEYS = {"global_head_dim": "head_dim", "num_global_key_value_heads": "kv_heads",
+                        "swa_head_dim": "head_dim", "swa_num_key_value_heads": "kv_heads",
+                        "swa_v_head_dim": "head_dim"}
 
 
 def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
@@ -761,8 +762,9 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      f"{len(moe_layers)} of {n} layers sparse")
     if len(set(types)) > 1:
         notes.append("hybrid layers: " + ", ".join(f"{c} {t}" for t, c in Counter(types).items()))
-    keys = _PER_KIND_SHAPE_KEYS + (() if mla else ("v_head_dim",))   # MLA's v_head_dim is modelled
-    own = {k: cfg[k] for k in keys if cfg.get(k) not in (None, head_dim, kv_heads)}
+    uniform = {"head_dim": head_dim, "kv_heads": kv_heads}
+    keys = {**_PER_KIND_SHAPE_KEYS, **({} if mla else {"v_head_dim": "head_dim"})}  # MLA's is modelled
+    own = {k: cfg[k] for k, base in keys.items() if cfg.get(k) not in (None, uniform[base])}
     if own:
         # Gemma 4 (global_head_dim, num_global_key_value_heads, attention_k_eq_v), MiMo-V2
         # (swa_head_dim, swa_num_key_value_heads, v_head_dim): pages vLLM unifies by block size

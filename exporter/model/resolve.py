@@ -35,7 +35,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.utils import disable_progress_bars
@@ -131,15 +131,18 @@ def _read_json(path: Path) -> dict[str, Any]:
 QUANT_COMPANION = "hf_quant_config.json"
 
 
-def with_quant_companion(cfg: dict[str, Any], companion: dict[str, Any] | None) -> dict[str, Any]:
+def with_quant_companion(cfg: dict[str, Any],
+                         read_companion: Callable[[], dict[str, Any] | None]) -> dict[str, Any]:
     """config.json with ModelOpt's separate quantization file applied as vLLM applies it: ModelOpt
     0.29 and before saved the quantization config in `hf_quant_config.json` beside config.json,
     and vLLM reads that file as the `quantization_config` when config.json has none
     (vllm/transformers_utils/config.py). nvidia/*-NVFP4 and *-FP8 checkpoints of that era carry
-    only this file, so without it their FP4 experts would be counted at BF16."""
-    if cfg.get("quantization_config") is not None or not isinstance(companion, dict):
+    only this file, so without it their FP4 experts would be counted at BF16. `read_companion`
+    (a disk read or a Hub download) is called only when config.json has no quantization_config."""
+    if cfg.get("quantization_config") is not None:
         return cfg
-    return {**cfg, "quantization_config": companion}
+    companion = read_companion()
+    return {**cfg, "quantization_config": companion} if isinstance(companion, dict) else cfg
 
 
 def _companion_beside(config_path: Path) -> dict[str, Any] | None:
@@ -151,9 +154,7 @@ def _from_config_file(path: Path, name: str, *, settings: HubSettings,
                       notes: list[str]) -> ModelArch:
     """Arch from a config.json on disk (with the hf_quant_config.json beside it, if any);
     exact weights from the safetensors beside it."""
-    cfg = _read_json(path)
-    if cfg.get("quantization_config") is None:
-        cfg = with_quant_companion(cfg, _companion_beside(path))
+    cfg = with_quant_companion(_read_json(path), lambda: _companion_beside(path))
     arch = arch_from_config(cfg, name=name, where=str(path))
     if settings.weights:
         try:
@@ -214,9 +215,7 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
     except Exception as exc:  # not found, gated, unreachable, timed out: one line, keep going
         tried.append(f"hub {endpoint}: {_short(exc)}")
         return None
-    cfg = _read_json(Path(path))
-    if cfg.get("quantization_config") is None:
-        cfg = with_quant_companion(cfg, _hub_companion(repo_id, settings, notes))
+    cfg = with_quant_companion(_read_json(Path(path)), lambda: _hub_companion(repo_id, settings, notes))
     arch = arch_from_config(cfg, name=repo_id, where=f"{endpoint}/{repo_id}/config.json")
     info = None
     if settings.weights:

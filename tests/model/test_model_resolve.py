@@ -23,6 +23,7 @@ from exporter.model.kv_cache import weights_bytes
 from exporter.model.resolve import HubSettings, clear_cache, resolve_model
 from exporter.model.setup import Setup
 from exporter.model.weights import from_local_dir
+from conftest import dead_url
 from fake_hub import COMMIT, FakeHub, hf_cache_entry, safetensors_header_only, sharded
 from loopback import Site, static
 
@@ -256,17 +257,12 @@ def test_hub_not_found_offline_and_unreachable_are_one_clause_each(tmp_path):
         with pytest.raises(CatalogError):
             resolve_model("acme/unknown-7b", settings=s)
         assert len(hub.requests) == n
-    closed = f"http://127.0.0.1:{_closed_port()}"
+    closed = dead_url()
     t0 = time.monotonic()
     with pytest.raises(CatalogError) as e:
         resolve_model("acme/other-7b", settings=HubSettings(endpoint=closed, cache_dir=str(tmp_path),
                                                             offline=False, timeout=2))
     assert "ConnectError" in str(e.value) and time.monotonic() - t0 < 5   # no 5x retry backoff
-
-
-def _closed_port() -> int:
-    from conftest import dead_url
-    return int(dead_url().rsplit(":", 1)[1])
 
 
 # ModelOpt <= 0.29 wrote the quantization beside config.json, in hf_quant_config.json, and left
