@@ -101,6 +101,21 @@ class RecurrentState:
 
 
 @dataclass(frozen=True)
+class KVShape:
+    """The attention shape of one layer kind when it is not the model's (num_kv_heads x head_dim,
+    V as wide as K): vLLM builds an AttentionSpec per layer from it (head_size, head_size_v) and
+    unifies pages of different sizes by block size (kv_cache_utils.unify_kv_cache_spec_page_size)."""
+
+    kind: str
+    kv_heads: int
+    head_dim: int          # K (and Q) head width
+    v_head_dim: int
+    # one projection feeds K and V (Gemma 4's attention_k_eq_v full layers): fewer weights, but
+    # the cache still holds K and V (gemma4.py copies K into the V slot)
+    k_eq_v: bool = False
+
+
+@dataclass(frozen=True)
 class ModelArch:
     """The architecture fields of one model (one language model; towers only as a count)."""
 
@@ -127,6 +142,10 @@ class ModelArch:
     layer_types: tuple[str, ...] = ()
     sliding_window: int = 0
     attention_chunk_size: int = 0
+    kind_shapes: tuple[KVShape, ...] = ()  # per layer kind, where it departs from the model's
+    # the last N layers attend over the KV of an earlier layer and hold no cache of their own
+    # (Gemma 3n / Gemma 4 num_kv_shared_layers: no KV spec in vLLM for them)
+    kv_shared_layers: int = 0
     # layers whose block is the token mixer alone, with no MLP (Nemotron-H's "M" and "*")
     mixer_only_layers: tuple[int, ...] = ()
     state: RecurrentState | None = None    # Mamba / linear-attention state, when the model has it
@@ -171,7 +190,21 @@ class ModelArch:
     def is_hybrid(self) -> bool:
         return len(set(self.layer_types)) > 1
 
-    def attention_params_per_layer(self) -> int:
+    def kv_shape(self, kind: str = FULL) -> KVShape:
+        """The attention shape of layers of `kind` (MLA: the model's fields are used as they are)."""
+        for shape in self.kind_shapes:
+            if shape.kind == kind:
+                return shape
+        return KVShape(kind, self.num_kv_heads, self.head_dim, self.head_dim)
+
+    @property
+    def cache_layer_types(self) -> tuple[str, ...]:
+        """Kinds of the layers that hold a cache, in order: every layer but the MLP-only ones and
+        the KV-shared tail."""
+        types = (self.layer_types or (FULL,) * self.num_layers)[:self.num_layers - self.kv_shared_layers]
+        return tuple(t for t in types if t != FFN) or (FULL,) * self.num_layers
+
+    def attention_params_per_layer(self, layer: int | None = None) -> int:
         h = self.hidden_size
         if self.attention == "mla":
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -180,9 +213,11 @@ class ModelArch:
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * self.num_heads * (
                 self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + self.num_heads * self.v_head_dim * h
-        q = h * self.num_heads * self.head_dim
-        kv = 2 * h * self.num_kv_heads * self.head_dim
-        return q + kv + self.num_heads * self.head_dim * h
+        kind = self.layer_types[layer] if layer is not None and self.layer_types else FULL
+        shape = self.kv_shape(kind)
+        q = h * self.num_heads * shape.head_dim
+        kv = h * shape.kv_heads * (shape.head_dim + (0 if shape.k_eq_v else shape.v_head_dim))
+        return q + kv + self.num_heads * shape.v_head_dim * h
 
     def is_mixer(self, layer: int) -> bool:
         """Layer `layer` is a Mamba / linear-attention mixer (no KV cache, no attention weights)."""
@@ -259,7 +294,7 @@ class ModelArch:
         moe = set(self.moe_layers)
         for i in range(self.num_layers):
             if "attention" in parts and self.has_attention(i):
-                n += self.attention_params_per_layer()
+                n += self.attention_params_per_layer(i)
             if i in moe:
                 n += self.shared_expert_params() if "shared_experts" in parts else 0
             elif "dense_mlp" in parts and self.has_mlp(i):
@@ -284,7 +319,7 @@ class ModelArch:
             if self.is_mixer(i):
                 linear += self.mixer_params()
             elif self.has_attention(i):
-                linear += self.attention_params_per_layer()
+                linear += self.attention_params_per_layer(i)
             if i in moe:
                 e = self.num_experts * self.expert_params()
                 linear += e + self.shared_expert_params() + self.latent_proj_params()
@@ -414,6 +449,12 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
         if len(raw) != n:
             raise CatalogError(f"{where}: layer_types has {len(raw)} entries, expected {n}")
         return tuple(kinds.get(str(t), FULL) for t in raw)
+    if isinstance(cfg.get("hybrid_layer_pattern"), list):
+        # MiMo-V2: 1 = sliding-window layer, 0 = full attention (mimo_v2.py is_compressed_softmax_layer)
+        raw = cfg["hybrid_layer_pattern"]
+        if len(raw) != n:
+            raise CatalogError(f"{where}: hybrid_layer_pattern has {len(raw)} entries, expected {n}")
+        return tuple(SLIDING if int(t) == 1 else FULL for t in raw)
     if isinstance(cfg.get("layer_types_pattern"), list):  # catalog shorthand: repeat the pattern
         pat = [kinds.get(str(t), FULL) for t in cfg["layer_types_pattern"]]
         return tuple(pat[i % len(pat)] for i in range(n))
@@ -585,6 +626,7 @@ KNOWN_MODEL_TYPES = frozenset({
     "internlm2", "baichuan", "chatglm", "glm", "glm4", "glm4_moe", "minimax", "minimax_m2", "kimi_k25",
     "llava", "llava_next", "mllama", "idefics3", "internvl_chat", "cohere", "cohere2", "exaone",
     "ernie4_5", "ernie4_5_moe", "hunyuan", "dbrx", "stablelm", "mpt", "bloom", "gptj",
+    "gemma4", "gemma4_text", "mimo_v2_flash",
 })
 
 
@@ -609,11 +651,52 @@ def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[
     return layers * per_layer + patch + projector
 
 
-# config keys giving some layers an attention shape of their own (see arch_from_config's note),
-# each with the uniform field it departs from
-_PER_KIND_SHAPE_KEYS = {"global_head_dim": "head_dim", "num_global_key_value_heads": "kv_heads",
-                        "swa_head_dim": "head_dim", "swa_num_key_value_heads": "kv_heads",
-                        "swa_v_head_dim": "head_dim"}
+def _kind_shapes(cfg: Mapping[str, Any], model_type: str, types: tuple[str, ...], kv_heads: int,
+                 head_dim: int, where: str) -> tuple[tuple[KVShape, ...], list[str]]:
+    """Attention shapes of the layer kinds that depart from (kv_heads x head_dim, V = K):
+    - `v_head_dim` narrower or wider than head_dim (MiMo-V2: K 192, V 128), every kind;
+    - MiMo-V2's sliding layers: swa_num_key_value_heads, swa_head_dim, swa_v_head_dim;
+    - Gemma 4's full-attention layers: global_head_dim (transformers' default 512) and, when
+      attention_k_eq_v is set, num_global_key_value_heads (configuration_gemma4.py);
+    - `per_layer_config` {layer: {head_dim, num_key_value_heads}} (how transformers >= 5 saves
+      Gemma 4), read per layer and gathered by kind."""
+    v_dim = int(cfg.get("v_head_dim") or head_dim)
+    kinds = {t for t in types if t in (FULL, SLIDING, CHUNKED)} or {FULL}
+    shape = {t: KVShape(t, kv_heads, head_dim, v_dim) for t in kinds}
+    if SLIDING in shape and (cfg.get("swa_head_dim") or cfg.get("swa_num_key_value_heads")):
+        hd = int(cfg.get("swa_head_dim") or head_dim)
+        shape[SLIDING] = KVShape(SLIDING, int(cfg.get("swa_num_key_value_heads") or kv_heads), hd,
+                                 int(cfg.get("swa_v_head_dim") or hd))
+    k_eq_v = bool(cfg.get("attention_k_eq_v"))
+    per_layer = cfg.get("per_layer_config")
+    if isinstance(per_layer, Mapping) and per_layer:
+        seen: dict[str, set] = {}
+        for key, over in per_layer.items():
+            i = int(key)
+            if not 0 <= i < len(types) or not isinstance(over, Mapping):
+                raise CatalogError(f"{where}: per_layer_config[{key!r}] is not a layer's overrides")
+            t = types[i]
+            if t in shape:
+                base = shape[t]
+                hd = int(over.get("head_dim") or base.head_dim)
+                seen.setdefault(t, set()).add((int(over.get("num_key_value_heads") or base.kv_heads), hd))
+        for t, got in seen.items():
+            overridden = sum(1 for i in per_layer if types[int(i)] == t)
+            if len(got) > 1 or overridden != types.count(t):
+                raise CatalogError(f"{where}: per_layer_config gives the {t} layers more than one "
+                                   f"attention shape ({sorted(got)}); vllm-drift models one per kind")
+            heads, hd = got.pop()
+            shape[t] = KVShape(t, heads, hd, hd, k_eq_v=k_eq_v and t == FULL)
+    elif model_type in ("gemma4", "gemma4_text") and FULL in shape:
+        hd = int(cfg.get("global_head_dim") or 512)
+        heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v", True) else None
+        shape[FULL] = KVShape(FULL, int(heads or kv_heads), hd, hd, k_eq_v=k_eq_v)
+    own = tuple(sh for _, sh in sorted(shape.items())
+                if (sh.kv_heads, sh.head_dim, sh.v_head_dim, sh.k_eq_v) != (kv_heads, head_dim, head_dim, False))
+    notes = ["attention shape per layer kind: " + ", ".join(
+        f"{t} {sh.kv_heads} KV heads x {sh.head_dim}" + (f"/{sh.v_head_dim}" if sh.v_head_dim != sh.head_dim else "")
+        + (" (K = V)" if sh.k_eq_v else "") for t, sh in sorted(shape.items()))] if own else []
+    return own, notes
 
 
 def arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
@@ -686,13 +769,13 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         notes.append(f"rope_scaling {rope.get('rope_type') or rope.get('type')}: max_model_len stays "
                      f"max_position_embeddings {max_pos}")
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
-    k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", default=0) or 0)
+    k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", "top_k_experts", default=0) or 0)
     if n_experts:
         if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax", "minimax_m2"):
             moe_inter = int(_need(cfg, ("intermediate_size",), where))
             inter = int(_opt(cfg, "intermediate_size_mlp", default=moe_inter))
         else:
-            moe_inter = int(_need(cfg, ("moe_intermediate_size",), where))
+            moe_inter = int(_need(cfg, ("moe_intermediate_size", "expert_intermediate_size"), where))
             inter = int(_opt(cfg, "intermediate_size", default=moe_inter))
         if not k:
             raise CatalogError(f"{where}: missing field 'num_experts_per_tok' in config.json")
@@ -723,6 +806,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     shared_inter = int(_opt(cfg, "shared_expert_intermediate_size", default=0) or 0)
     if model_type in ("llama4_text", "llama4") and n_experts:
         shared_inter = moe_inter  # Llama 4 adds one always-on shared expert per MoE layer
+    if model_type in ("gemma4", "gemma4_text") and n_experts:
+        shared_inter = inter      # Gemma 4: the dense MLP runs beside the expert block (gemma4.py)
     mla = cfg.get("kv_lora_rank") is not None
     types = _layer_types(cfg, model_type, n, where)
     mixer_only: tuple[int, ...] = ()
@@ -762,15 +847,13 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      f"{len(moe_layers)} of {n} layers sparse")
     if len(set(types)) > 1:
         notes.append("hybrid layers: " + ", ".join(f"{c} {t}" for t, c in Counter(types).items()))
-    uniform = {"head_dim": head_dim, "kv_heads": kv_heads}
-    keys = {**_PER_KIND_SHAPE_KEYS, **({} if mla else {"v_head_dim": "head_dim"})}  # MLA's is modelled
-    own = {k: cfg[k] for k, base in keys.items() if cfg.get(k) not in (None, uniform[base])}
-    if own:
-        # Gemma 4 (global_head_dim, num_global_key_value_heads, attention_k_eq_v), MiMo-V2
-        # (swa_head_dim, swa_num_key_value_heads, v_head_dim): pages vLLM unifies by block size
-        notes.append("per-layer-kind attention shapes not modelled ("
-                     + ", ".join(f"{k} {v}" for k, v in own.items())
-                     + f"): every layer's KV counted at {kv_heads} KV heads x head_dim {head_dim}")
+    shapes, shape_notes = ((), []) if mla else _kind_shapes(cfg, model_type, types, kv_heads, head_dim, where)
+    notes += shape_notes
+    kv_shared = int(cfg.get("num_kv_shared_layers") or 0)
+    if not 0 <= kv_shared < n:
+        raise CatalogError(f"{where}: num_kv_shared_layers {kv_shared} should be below num_hidden_layers {n}")
+    if kv_shared:
+        notes.append(f"the last {kv_shared} layers reuse an earlier layer's KV cache and hold none")
     if mla:
         rotary = int(cfg.get("qk_rope_head_dim") or 0)
     elif cfg.get("rotary_dim"):
@@ -794,7 +877,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
         v_head_dim=int(cfg.get("v_head_dim") or 0),
         q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-        layer_types=types,
+        layer_types=types, kind_shapes=shapes, kv_shared_layers=kv_shared,
         sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
         mixer_only_layers=mixer_only, moe_latent_size=latent,

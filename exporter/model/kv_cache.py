@@ -99,28 +99,34 @@ class KVCapacity:
 
 # ---- per-layer pages ------------------------------------------------------------------------
 
-def kv_heads_per_rank(model: ModelArch, tp: int) -> int:
+def kv_heads_per_rank(model: ModelArch, tp: int, kind: str = FULL) -> int:
     """GQA heads split across TP ranks; with more ranks than heads each rank keeps one."""
     if model.attention == "mla":
         return 1
-    return max(1, model.num_kv_heads // tp)
+    return max(1, model.kv_shape(kind).kv_heads // tp)
 
 
-def token_bytes_per_layer(setup: Setup) -> int:
-    """KV bytes one token occupies in one attention layer on one GPU."""
+def token_bytes_per_layer(setup: Setup, kind: str = FULL) -> int:
+    """KV bytes one token occupies in one attention layer of `kind` on one GPU."""
     m, b = setup.model, setup.kv_dtype_bytes
     if m.attention == "mla":
         if setup.kv_cache_dtype == "fp8_ds_mla":
             return 656
         return (m.kv_lora_rank + m.qk_rope_head_dim) * b  # one latent, replicated on every rank
-    return 2 * kv_heads_per_rank(m, setup.tp) * m.head_dim * b
+    shape = m.kv_shape(kind)
+    return kv_heads_per_rank(m, setup.tp, kind) * (shape.head_dim + shape.v_head_dim) * b
 
 
 def bytes_per_token(setup: Setup) -> int:
-    """KV bytes per token per GPU, summed over the attention layers one PP stage holds.
+    """KV bytes per token per GPU, summed over the attention layers that hold a cache on one PP
+    stage (layers of different shapes at their mean).
 
     Llama-3.1-8B bf16 TP1: 2 x 32 layers x 8 heads x 128 x 2 B = 131072."""
-    return token_bytes_per_layer(setup) * math.ceil(setup.model.attention_layers / setup.pp)
+    per_layer = [token_bytes_per_layer(setup, t) for t in setup.model.cache_layer_types
+                 if t not in (MAMBA, LINEAR)]
+    if not per_layer:
+        return 0
+    return sum(per_layer) * math.ceil(len(per_layer) / setup.pp) // len(per_layer)
 
 
 def _max_tokens_per_layer(setup: Setup, kind: str) -> int:
@@ -139,36 +145,46 @@ class _Groups:
     page_bytes: int          # bytes per block per layer (uniform across groups)
     group_size: int          # layers per group (= tensors sharing the pool)
     kinds: tuple[str, ...]   # kind of each group
-    block_size: int          # tokens per block of attention groups
+    block_size: int          # tokens per block of the groups with the largest page (the smallest)
+    # tokens per block of kinds whose page was raised to page_bytes by a larger block
+    raised: tuple[tuple[str, int], ...] = ()
+
+    def block_size_of(self, kind: str) -> int:
+        return dict(self.raised).get(kind, self.block_size)
 
 
 def kv_groups(setup: Setup) -> _Groups:
     """vLLM's grouping: one group for uniform models; for hybrids, buckets by kind split into
-    groups of G layers (G = smallest bucket, or the largest when max < 1.5 x min), padded."""
+    groups of G layers (G = smallest bucket, or the largest when max < 1.5 x min), padded.
+    Kinds with a smaller page than the largest (Gemma 4's full layers: 4 KV heads x 512 beside
+    16 x 256) take a block size raised by the ratio, or keep theirs and pad the page when the
+    ratio is not whole (unify_kv_cache_spec_page_size)."""
     m = setup.model
-    # MLP-only layers (FFN) hold no cache
-    types = tuple(t for t in m.layer_types if t != FFN) or (FULL,) * m.num_layers
+    types = m.cache_layer_types       # MLP-only and KV-shared layers hold no cache
     if setup.v0:  # V0 had no hybrid allocator: every attention layer is sized for full context
         types = tuple(FULL if t in (SLIDING, CHUNKED) else t for t in types)
     counts = Counter(types)
     bs = setup.block_size
-    page = bs * token_bytes_per_layer(setup)
+    per_token = {t: token_bytes_per_layer(setup, t) for t in counts if t not in (MAMBA, LINEAR)} \
+        or {FULL: token_bytes_per_layer(setup)}
+    widest = max(per_token.values())
+    page = bs * widest
     if MAMBA in counts or LINEAR in counts:
         # attention block size is raised until its page covers the recurrent state page (one
         # rank's: vLLM splits the state's channels and heads over TP like the KV heads)
         state = setup.state_bytes()
         if state > page:
-            per_token = token_bytes_per_layer(setup)
-            bs = math.ceil(state / per_token / 16) * 16
-            page = bs * per_token
+            bs = math.ceil(state / widest / 16) * 16
+            page = bs * widest
+    raised = tuple((t, bs * (widest // b)) for t, b in per_token.items() if b < widest and widest % b == 0)
     if len(counts) == 1:
-        return _Groups(page, counts[types[0]], (types[0],), bs)
+        return _Groups(page, counts[types[0]], (types[0],), bs, raised)
     lo, hi = min(counts.values()), max(counts.values())
     g = hi if hi < 1.5 * lo else lo
     kinds: list[str] = []
     for kind, n in counts.items():
         kinds += [kind] * math.ceil(n / g)
-    return _Groups(page, g, tuple(kinds), bs)
+    return _Groups(page, g, tuple(kinds), bs, raised)
 
 
 # ---- non-KV memory --------------------------------------------------------------------------
@@ -473,7 +489,7 @@ def blocks_per_request(setup: Setup, groups: _Groups | None = None) -> int:
         if kind in (MAMBA, LINEAR):
             total += groups.page_bytes
         else:
-            total += _blocks_for_bs(setup, kind, groups.block_size) * groups.page_bytes
+            total += _blocks_for_bs(setup, kind, groups.block_size_of(kind)) * groups.page_bytes
     return math.ceil(total / groups.page_bytes)
 
 

@@ -591,15 +591,15 @@ def compute_dtype(setup: Any) -> str:
 FP8_KV_READ_COST = 1.0
 
 
-def _kv_read_bytes(setup: Any) -> float:
-    """Time-equivalent KV bytes decode attention reads per token and layer: the stored bytes for
-    a cache in the model dtype, the model dtype's bytes times FP8_KV_READ_COST for a narrower
-    one."""
+def _kv_read_bytes(setup: Any, kind: str = "full") -> float:
+    """Time-equivalent KV bytes decode attention reads per token in one layer of `kind`: the
+    stored bytes for a cache in the model dtype, the model dtype's bytes times FP8_KV_READ_COST
+    for a narrower one."""
     from exporter.model import kv_cache as kvc
-    stored = kvc.token_bytes_per_layer(setup)
+    stored = kvc.token_bytes_per_layer(setup, kind)
     if setup.kv_cache_dtype == "auto" or setup.kv_dtype_bytes >= setup.dtype_bytes:
         return float(stored)
-    wide = kvc.token_bytes_per_layer(replace(setup, kv_cache_dtype="auto"))
+    wide = kvc.token_bytes_per_layer(replace(setup, kv_cache_dtype="auto"), kind)
     return FP8_KV_READ_COST * wide
 
 
@@ -607,7 +607,7 @@ def _kv_read_bytes(setup: Any) -> float:
 def shape_for(setup: Any) -> Shape:
     """Precompute the per-GPU bytes and FLOPs of `setup` (cached: setups are frozen)."""
     from exporter.model import kv_cache as kvc
-    from exporter.model.architectures import CHUNKED, LINEAR, MAMBA, SLIDING
+    from exporter.model.architectures import CHUNKED, FULL, LINEAR, MAMBA, SLIDING
 
     m, tp, pp = setup.model, setup.tp, setup.pp
     native = setup.dtype_bytes
@@ -635,18 +635,19 @@ def shape_for(setup: Any) -> Shape:
     n_swa = sum(1 for t in types if t in (SLIDING, CHUNKED))
     n_state = sum(1 for t in types if t in (MAMBA, LINEAR))
     n_full = m.attention_layers - n_swa     # full-context attention: neither windowed nor recurrent/MLP-only
-    # the KV bytes decode attention reads per token, at what an FP8 cache costs in time
-    per_layer = _kv_read_bytes(setup)
+    # the KV bytes decode attention reads per token, at what an FP8 cache costs in time, and the
+    # width of QK^T plus PV per head (a layer kind may have its own shape: Gemma 4's full layers)
+    windowed = [t for t in types if t in (SLIDING, CHUNKED)]
+    heads = m.num_heads / tp
     if m.attention == "mla":
-        qk_dim = (2 * m.kv_lora_rank + m.qk_rope_head_dim) / 2.0  # absorbed MLA: latent QK + V
-        heads = m.num_heads / tp
+        full_dim = swa_dim = (2 * m.kv_lora_rank + m.qk_rope_head_dim) / 2.0  # absorbed MLA: latent QK + V
     else:
-        qk_dim = m.head_dim
-        heads = m.num_heads / tp
+        full_dim = (m.kv_shape(FULL).head_dim + m.kv_shape(FULL).v_head_dim) / 2.0
+        swa_dim = sum((m.kv_shape(t).head_dim + m.kv_shape(t).v_head_dim) / 2.0 for t in windowed) / max(n_swa, 1)
     window = m.sliding_window or m.attention_chunk_size or 1
     cd = compute_dtype(setup)
     gpu = setup.gpu
-    swa_bytes = per_layer * n_swa
+    swa_bytes = sum(_kv_read_bytes(setup, t) for t in windowed)
     q = setup.quantization
     fmt = ("mxfp4" if q in _FP4_SCHEMES else "fp8" if q in _FP8_SCHEMES
            else "int4" if q in ("gptq", "awq", "w4a16", "w8a16", "gptq-int8") else "bf16")
@@ -664,12 +665,12 @@ def shape_for(setup: Any) -> Shape:
         experts_per_token=m.experts_per_token if m.is_moe else 0,
         # replicated GEMMs (MLA down-projections) run whole on every rank
         flops_per_token=2.0 * (flop_params / tp + m.replicated_linear_params() * (1.0 - 1.0 / tp)),
-        kv_bytes_per_ctx_token=per_layer * n_full,
+        kv_bytes_per_ctx_token=_kv_read_bytes(setup, FULL) * n_full,
         swa_kv_bytes_per_token=swa_bytes,
         swa_window=window,
         state_bytes_per_seq=n_state * setup.state_bytes(),
-        attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_full,
-        swa_attn_flops_per_ctx_token=4.0 * heads * qk_dim * n_swa,
+        attn_flops_per_ctx_token=4.0 * heads * full_dim * n_full,
+        swa_attn_flops_per_ctx_token=4.0 * heads * swa_dim * n_swa,
         n_layers=m.num_layers,
         tp=tp,
         allreduce_bytes_per_token=m.hidden_size * 2.0,

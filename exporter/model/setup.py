@@ -297,10 +297,10 @@ def tp_refusal(arch: ModelArch, tp: int) -> str | None:
     if arch.num_heads % tp:
         return (f"Total number of attention heads ({arch.num_heads}) must be divisible by tensor "
                 f"parallel size ({tp}): vLLM refuses to start {arch.name} at --tp {tp}")
-    kv = arch.num_kv_heads
-    if kv > 0 and (tp % kv if tp >= kv else kv % tp):
-        return (f"{arch.name}'s {kv} KV heads cannot be split over tensor parallel size {tp} "
-                f"(vLLM needs one to divide the other): vLLM refuses to start it at --tp {tp}")
+    for kv in sorted({arch.num_kv_heads, *(s.kv_heads for s in arch.kind_shapes)}):  # every layer kind's
+        if kv > 0 and (tp % kv if tp >= kv else kv % tp):
+            return (f"{arch.name}'s {kv} KV heads cannot be split over tensor parallel size {tp} "
+                    f"(vLLM needs one to divide the other): vLLM refuses to start it at --tp {tp}")
     return None
 
 

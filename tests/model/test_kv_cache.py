@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -12,7 +15,7 @@ from exporter.model.kv_cache import (GIB, blocks_per_request, bytes_per_token, c
                                      kv_capacity, kv_groups, weights_bytes)
 from exporter.model.setup import Setup
 
-from conftest import REPO
+from conftest import REPO, VLLM_CPU
 SHARED = REPO.parent / "shared"
 
 
@@ -270,3 +273,34 @@ def test_nemotron_h_block_size_matches_what_vllm_logged():
                                  vllm_version="0.10.2")).block_size == 672
     assert kv_groups(Setup.build(arch32, "H100-SXM-80GB", max_model_len=32768,
                                  vllm_version="0.19.0")).block_size == 1312
+
+
+# ---- pages of different sizes, against real vLLM 0.32 (vllm-cpu) --------------------------------
+
+KV_LAYOUTS = json.loads((VLLM_CPU / "kv-layouts.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(KV_LAYOUTS["runs"]))
+def test_unified_pages_give_the_blocks_and_tokens_real_vllm_logged(name, tmp_path):
+    """Tiny Gemma 4 models whose full layers have a shape of their own (a smaller page: larger
+    block; a page that does not divide: padded; a larger page: the sliding layers' block grows)
+    or whose last layers share an earlier layer's cache, booted by vLLM 0.32 with a fixed pool
+    (tools/vllm_cpu/kv_layouts.py). `calc`, given the same flags and config.json, must print the
+    blocks, tokens and concurrency vLLM printed."""
+    run = KV_LAYOUTS["runs"][name]
+    (tmp_path / "config.json").write_text(json.dumps(run["config"]))
+    serve = run["serve"]
+    flag = {k: serve[serve.index(k) + 1] for k in ("--max-model-len", "--max-num-seqs",
+                                                    "--max-num-batched-tokens", "--kv-cache-memory-bytes")}
+    info = run["cache_config_info"]
+    out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", str(tmp_path), "--gpu", "H100",
+                          "--vllm-version", KV_LAYOUTS["vllm"].split("+")[0], "--block-size", info["block_size"],
+                          *[x for kv in flag.items() for x in kv], "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    kv = json.loads(out.stdout)["kv_cache"]
+    logged = next(ln for ln in run["log"] if "KV cache size" in ln)
+    tokens, conc = re.search(r"KV cache size: ([\d,]+) tokens, .*: ([\d.]+)x", logged).groups()
+    assert kv["tokens"] == int(tokens.replace(",", "")) == int(info["kv_cache_size_tokens"])
+    assert kv["gpu_blocks"] == int(info["num_gpu_blocks"])
+    assert round(kv["max_concurrency"], 2) == float(conc)

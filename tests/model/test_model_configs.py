@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from exporter.errors import CatalogError
-from exporter.model.architectures import arch_from_config, quant_from_config
+from exporter.model.architectures import KVShape, arch_from_config, quant_from_config
+from exporter.model.setup import tp_refusal
 from exporter.model.weights import from_local_dir, read_header, summarize
 from fake_hub import safetensors_header_only
 
@@ -69,20 +70,88 @@ def test_per_layer_moe_flags_pick_the_sparse_layers():
         arch_from_config({**cfg, "moe_layer_freq": flags[:7]}, name="x", where="cfg.json")
 
 
-def test_attention_shapes_of_their_own_per_layer_kind_are_named_as_not_modelled():
-    """Gemma 4's global layers (4 KV heads x 512, K = V) and MiMo-V2's sliding layers have shapes
-    of their own; the KV model counts one shape for every layer, and says so."""
-    gemma4 = {**BASE, "model_type": "gemma4_text", "head_dim": 64, "global_head_dim": 128,
-              "num_global_key_value_heads": 1, "attention_k_eq_v": True}
-    arch = arch_from_config(gemma4, name="x", where="x")
-    note = next(n for n in arch.notes if n.startswith("per-layer-kind attention shapes not modelled"))
-    assert "global_head_dim 128" in note and "num_global_key_value_heads 1" in note
-    assert "2 KV heads x head_dim 64" in note
-    mimo = {**BASE, "head_dim": 96, "v_head_dim": 64, "swa_head_dim": 96, "swa_num_key_value_heads": 4}
-    note = next(n for n in arch_from_config(mimo, name="x", where="x").notes if "per-layer-kind" in n)
-    assert "v_head_dim 64" in note and "swa_num_key_value_heads 4" in note and "swa_head_dim" not in note
-    # MLA's v_head_dim is part of the modelled latent cache; a plain model has no such note
-    assert not any("per-layer-kind" in n for n in arch_from_config(BASE, name="x", where="x").notes)
+GEMMA4 = {**BASE, "model_type": "gemma4_text", "num_hidden_layers": 6, "head_dim": 64,
+          "sliding_window": 128, "attention_k_eq_v": True,
+          "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+
+
+def test_gemma4_full_layers_have_their_own_attention_shape_in_both_config_formats():
+    """Public Gemma 4 checkpoints name the full layers' shape (global_head_dim,
+    num_global_key_value_heads); transformers >= 5 saves it as per_layer_config instead."""
+    public = arch_from_config({**GEMMA4, "global_head_dim": 128, "num_global_key_value_heads": 1},
+                              name="x", where="x")
+    saved = arch_from_config({**GEMMA4, "per_layer_config": {"05": {"head_dim": 128, "num_key_value_heads": 1}}},
+                             name="x", where="x")
+    for arch in (public, saved):
+        assert arch.kv_shape("full") == KVShape("full", 1, 128, 128, k_eq_v=True)
+        assert arch.kv_shape("sliding") == KVShape("sliding", 2, 64, 64)
+        assert any(n == "attention shape per layer kind: full 1 KV heads x 128 (K = V), sliding 2 KV heads x 64"
+                   for n in arch.notes)
+        # K = V: the full layer has no V projection; its O projection reads 4 heads x 128
+        h = 256
+        assert arch.attention_params_per_layer(5) == h * 4 * 128 + h * 1 * 128 + 4 * 128 * h
+        assert arch.attention_params_per_layer(0) == h * 4 * 64 + 2 * h * 2 * 64 + 4 * 64 * h
+    # without attention_k_eq_v, num_global_key_value_heads does not apply (configuration_gemma4.py)
+    plain = arch_from_config({**GEMMA4, "attention_k_eq_v": False, "global_head_dim": 128,
+                              "num_global_key_value_heads": 1}, name="x", where="x")
+    assert plain.kv_shape("full") == KVShape("full", 2, 128, 128)
+    # a kind whose layers disagree is refused, naming the file
+    with pytest.raises(CatalogError, match="/m/config.json: per_layer_config gives the sliding layers"):
+        arch_from_config({**GEMMA4, "per_layer_config": {"0": {"head_dim": 128}}}, name="x", where="/m/config.json")
+
+
+def test_tp_must_split_every_layer_kinds_kv_heads():
+    """vLLM's QKVParallelLinear asserts on each layer's own KV heads: 2 split over TP 2, the full
+    layers' 3 do not."""
+    arch = arch_from_config({**GEMMA4, "global_head_dim": 128, "num_global_key_value_heads": 3},
+                            name="x", where="x")
+    assert tp_refusal(arch, 2) == ("x's 3 KV heads cannot be split over tensor parallel size 2 (vLLM needs "
+                                   "one to divide the other): vLLM refuses to start it at --tp 2")
+    assert tp_refusal(arch_from_config({**GEMMA4, "global_head_dim": 128, "num_global_key_value_heads": 1},
+                                       name="x", where="x"), 2) is None
+
+
+def test_gemma4_moe_runs_its_dense_mlp_beside_the_experts():
+    """Gemma 4 26B-A4B's shape (its public config's fields): 128 experts of 704, top-8
+    (`top_k_experts`), and the dense MLP of 2112 beside the expert block in every layer
+    (gemma4.py), read as an always-on shared expert. Google gives it 3.8B active parameters."""
+    cfg = {"model_type": "gemma4_text", "num_hidden_layers": 30, "hidden_size": 2816, "num_attention_heads": 16,
+           "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+           "attention_k_eq_v": True, "intermediate_size": 2112, "moe_intermediate_size": 704,
+           "num_experts": 128, "top_k_experts": 8, "enable_moe_block": True, "vocab_size": 262144,
+           "max_position_embeddings": 262144, "sliding_window": 1024, "tie_word_embeddings": True,
+           "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5}
+    arch = arch_from_config(cfg, name="x", where="x")
+    assert (arch.num_experts, arch.experts_per_token, arch.moe_intermediate_size) == (128, 8, 704)
+    assert arch.moe_layers == tuple(range(30)) and arch.shared_expert_intermediate_size == 2112
+    assert arch.shared_expert_params() == 3 * 2816 * 2112
+    assert 3.7e9 < arch.active_params < 3.9e9
+
+
+def test_mimo_v2_sliding_layers_and_narrow_v_heads():
+    mimo = {**BASE, "model_type": "mimo_v2_flash", "head_dim": 96, "v_head_dim": 64, "swa_head_dim": 96,
+            "swa_num_key_value_heads": 4, "swa_v_head_dim": 64, "sliding_window": 128,
+            "hybrid_layer_pattern": [0, 1, 1, 0]}
+    arch = arch_from_config(mimo, name="x", where="x")
+    assert arch.layer_types == ("full", "sliding", "sliding", "full")
+    assert arch.kv_shape("full") == KVShape("full", 2, 96, 64)
+    assert arch.kv_shape("sliding") == KVShape("sliding", 4, 96, 64)
+    with pytest.raises(CatalogError, match="hybrid_layer_pattern has 3 entries, expected 4"):
+        arch_from_config({**mimo, "hybrid_layer_pattern": [0, 1, 0]}, name="x", where="x")
+    # MLA's v_head_dim is part of the modelled latent cache; a plain model has no per-kind shape
+    plain = arch_from_config(BASE, name="x", where="x")
+    assert plain.kind_shapes == () and not any("attention shape" in n for n in plain.notes)
+
+
+def test_kv_shared_layers_hold_no_cache():
+    arch = arch_from_config({**GEMMA4, "num_hidden_layers": 8, "num_kv_shared_layers": 2,
+                             "layer_types": ["sliding_attention"] * 5 + ["full_attention"] * 3},
+                            name="x", where="x")
+    assert arch.cache_layer_types == ("sliding",) * 5 + ("full",)
+    assert arch.attention_layers == 8      # they still attend (over an earlier layer's cache)
+    with pytest.raises(CatalogError, match="num_kv_shared_layers 8 should be below"):
+        arch_from_config({**GEMMA4, "num_hidden_layers": 8, "num_kv_shared_layers": 8,
+                          "layer_types": ["sliding_attention"] * 8}, name="x", where="x")
 
 
 def test_a_field_of_an_unknown_shape_is_a_catalog_error_naming_the_file():
