@@ -89,6 +89,9 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("engine flags", ("--enable-chunked-prefill",), dict(action=argparse.BooleanOptionalAction, default=None,
                                                          help="default: vLLM's for the version (always from "
                                                               "V1; V0 above 32k context)")),
+    ("engine flags", ("--enable-prefix-caching",), dict(action=argparse.BooleanOptionalAction, default=None,
+                                                        help="default: vLLM's for the version (on from V1, for "
+                                                             "Mamba / linear-attention hybrids from 0.28)")),
     ("engine flags", ("--enforce-eager",), dict(action="store_true", help="no CUDA graphs: no graph memory, "
                                                 "and a step waits on the host launching its kernels")),
     ("engine flags", ("--max-model-len",), dict(type=lambda t: _flag_value(vllm_args.max_model_len, t), metavar="N",
@@ -276,7 +279,8 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         kv_cache_memory_bytes=getattr(args, "kv_cache_memory_bytes", None),
         num_gpu_blocks_override=getattr(args, "num_gpu_blocks_override", None),
         enforce_eager=bool(getattr(args, "enforce_eager", False)),
-        enable_chunked_prefill=getattr(args, "enable_chunked_prefill", None))
+        enable_chunked_prefill=getattr(args, "enable_chunked_prefill", None),
+        enable_prefix_caching=getattr(args, "enable_prefix_caching", None))
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -335,6 +339,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "max_num_batched_tokens": setup.max_num_batched_tokens,
             "block_size": setup.block_size, "kv_cache_memory_bytes": setup.kv_cache_memory_bytes,
             "num_gpu_blocks_override": setup.num_gpu_blocks_override, "enforce_eager": setup.enforce_eager,
+            "enable_prefix_caching": setup.enable_prefix_caching,
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
         },
         "kv_cache": {

@@ -177,7 +177,7 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                    # nothing about the GPU behind it
                    observed_kv_tokens=None if x.pool_fixed_by else x.kv_cache_tokens,
                    calibration=calibration, enforce_eager=ident.enforce_eager, dp=x.dp,
-                   expert_parallel=ident.expert_parallel)
+                   expert_parallel=ident.expert_parallel, prefix_caching=x.enable_prefix_caching)
 
 
 def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resolved:
@@ -212,7 +212,8 @@ def setup_for(ident: Identity, x: DriftInput, vllm_version: str | None) -> Setup
                       _kv_dtype(x.cache_dtype), x.gpu_memory_utilization,
                       int(x.max_model_len) if x.max_model_len else None, x.max_num_seqs,
                       x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
-                      read_version(vllm_version), ident.enforce_eager, x.dp, ident.expert_parallel)
+                      read_version(vllm_version), ident.enforce_eager, x.dp, ident.expert_parallel,
+                      x.enable_prefix_caching)
     except InputError:
         return None
 
@@ -233,12 +234,12 @@ def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
 def _setup(model: ModelArch, gpu: GPU, tp: int, pp: int, quantization: str | None, kv_dtype: str,
            util: float | None, max_model_len: int | None, max_num_seqs: int | None,
            mnbt: int | None, block_size: int | None, version: tuple | None, enforce_eager: bool = False,
-           dp: int = 1, ep: bool = False):
+           dp: int = 1, ep: bool = False, prefix_caching: bool | None = None):
     return Setup.build(model, gpu, tp=tp, pp=pp, quantization=quantization, kv_cache_dtype=kv_dtype,
                        gpu_memory_utilization=util, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
                        block_size=block_size, vllm_version=version, enforce_eager=enforce_eager,
-                       dp=dp, expert_parallel=ep)
+                       dp=dp, expert_parallel=ep, enable_prefix_caching=prefix_caching)
 
 
 def _kv_dtype(cache_dtype: str | None) -> str:
@@ -253,7 +254,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             slo: Mapping[str, float | None], prices: Mapping[str, float],
             observed_kv_tokens: float | None = None,
             calibration: perf.Calibration | None = None, enforce_eager: bool = False, dp: int = 1,
-            expert_parallel: bool = False) -> Prediction:
+            expert_parallel: bool = False, prefix_caching: bool | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note.
 
@@ -267,7 +268,8 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
         setup = _setup(res.model, res.gpu, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
                        gpu_memory_utilization, int(max_model_len) if max_model_len else None,
                        max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
-                       read_version(vllm_version), enforce_eager, int(dp), bool(expert_parallel))
+                       read_version(vllm_version), enforce_eager, int(dp), bool(expert_parallel),
+                       prefix_caching)
         cap = _pool(setup)
     except InputError as exc:
         notes.append(f"calculator: {exc}")

@@ -491,7 +491,7 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
 
 
 # models whose mixers are Mamba1 (vLLM's mamba1_state_shape: jamba.py, mamba.py); the others Mamba2
-_MAMBA1_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
+MAMBA1_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
 
 
 def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int, model_type: str,
@@ -513,7 +513,7 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
         else:
             d_inner = int(_opt(cfg, "mamba_d_inner", default=int(_opt(cfg, "mamba_expand", "expand", default=2)) * hidden))
             heads = int(_opt(cfg, "mamba_n_heads", default=max(d_inner // 64, 1)))
-        if model_type in _MAMBA1_TYPES:   # Mamba1: no groups, temporal d_inner x d_state
+        if model_type in MAMBA1_TYPES:   # Mamba1: no groups, temporal d_inner x d_state
             dt_rank = int(_opt(cfg, "mamba_dt_rank", "time_step_rank", default=math.ceil(hidden / 16)))
             proj = 3 * hidden * d_inner + d_inner * (dt_rank + 2 * d_state) + dt_rank * d_inner
             return RecurrentState(conv_channels=d_inner, conv_width=d_conv - 1, temporal=d_inner * d_state,
@@ -734,8 +734,10 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      "decoder path (standard config.json fields)")
     blocks = cfg.get("layers_block_type")
     if model_type == "nemotron_h" and isinstance(blocks, list) and not cfg.get("hybrid_override_pattern"):
-        # newer Nemotron-H configs list the blocks by name and leave num_hidden_layers to their count
-        letters = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+        # newer Nemotron-H configs list the blocks by name and leave num_hidden_layers to their count;
+        # transformers 5 saves them as linear_attention / full_attention (configuration_nemotron_h.py)
+        letters = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E",
+                   "linear_attention": "M", "full_attention": "*"}
         unknown = sorted({str(b) for b in blocks} - set(letters))
         if unknown:
             raise CatalogError(f"{where}: layers_block_type has {', '.join(map(repr, unknown))}; "
@@ -769,9 +771,11 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         notes.append(f"rope_scaling {rope.get('rope_type') or rope.get('type')}: max_model_len stays "
                      f"max_position_embeddings {max_pos}")
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
+    if model_type == "jamba" and n_experts <= 1:
+        n_experts = 0            # one "expert" is Jamba's dense MLP (jamba.py: JambaMoE only when > 1)
     k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", "top_k_experts", default=0) or 0)
     if n_experts:
-        if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax", "minimax_m2"):
+        if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax", "minimax_m2", "jamba"):
             moe_inter = int(_need(cfg, ("intermediate_size",), where))
             inter = int(_opt(cfg, "intermediate_size_mlp", default=moe_inter))
         else:
@@ -796,6 +800,10 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             if len(raw_freq) != n:
                 raise CatalogError(f"{where}: moe_layer_freq has {len(raw_freq)} entries, expected {n}")
             moe_layers = tuple(i for i, f in enumerate(raw_freq) if f and i not in mlp_only)
+        elif model_type == "jamba":
+            # layer i is MoE when i % expert_layer_period == expert_layer_offset (layers_num_experts)
+            period, offset = int(cfg.get("expert_layer_period") or 2), int(cfg.get("expert_layer_offset") or 1)
+            moe_layers = tuple(i for i in range(n) if i % period == offset)
         elif (model_type in ("llama4_text", "llama4") or cfg.get("decoder_sparse_step")) and freq > 1:
             # Llama 4 / Qwen-MoE: layer i is sparse when (i + 1) % step == 0
             moe_layers = tuple(i for i in range(n) if (i + 1) % freq == 0 and i not in mlp_only)

@@ -26,9 +26,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from exporter.errors import InputError
-from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA, QUANT_BYTES_PER_PARAM,
-                                          SLIDING, ModelArch, unquantized_parts)
-from exporter.model.setup import (DEVICE_WIDE_NON_TORCH_BEFORE, SMALL_SAMPLER,
+from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA, MAMBA1_TYPES,
+                                          QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
+from exporter.model.setup import (DEVICE_WIDE_NON_TORCH_BEFORE, MAMBA2_PREFILL_CHECKPOINT, SMALL_SAMPLER,
                                    TOKENS_FROM_CONCURRENCY, Setup)
 
 GIB = 1024**3
@@ -487,10 +487,21 @@ def blocks_per_request(setup: Setup, groups: _Groups | None = None) -> int:
     total = 0
     for kind in groups.kinds:
         if kind in (MAMBA, LINEAR):
-            total += groups.page_bytes
+            total += groups.page_bytes * state_blocks(setup, kind)
         else:
             total += _blocks_for_bs(setup, kind, groups.block_size_of(kind)) * groups.page_bytes
     return math.ceil(total / groups.page_bytes)
+
+
+def state_blocks(setup: Setup, kind: str) -> int:
+    """Blocks one request holds in a Mamba / linear-attention group (MambaSpec
+    max_memory_usage_bytes): its state; with prefix caching (Mamba cache mode 'align') the running
+    state and the last block-boundary one, plus a prefill checkpoint for Mamba2 mixers. Checked on
+    real vLLM 0.32: 2 per gated-delta-net layer (Qwen3-Next), 3 per Mamba2 layer (Nemotron-H)."""
+    if setup.v0 or not setup.enable_prefix_caching:
+        return 1
+    mamba2 = kind == MAMBA and setup.model.model_type not in MAMBA1_TYPES
+    return 3 if mamba2 and setup.vllm_version >= MAMBA2_PREFILL_CHECKPOINT else 2
 
 
 def _blocks_for_bs(setup: Setup, kind: str, bs: int) -> int:

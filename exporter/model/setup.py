@@ -29,6 +29,13 @@ KV_CACHE_MEMORY_BYTES = (0, 10, 2)  # --kv-cache-memory-bytes (vllm PR #21489): 
 # the config names none, float32 from vllm PR #39032 (merged Apr 2026 [release inferred])
 NEMOTRON_SSM_FROM_CONFIG = (0, 13, 0)
 NEMOTRON_SSM_FLOAT32 = (0, 20, 0)
+# prefix caching on by default for hybrid (Mamba / linear-attention) models, with Mamba cache mode
+# 'align' (vllm PR #50991, merged Aug 2026; in 0.28.0 per vllm-metal PR #651's support matrix)
+HYBRID_PREFIX_CACHING = (0, 28, 0)
+# in 'align' mode a Mamba2 mixer keeps one more block per request, a prefill checkpoint
+# (mamba_mixer2.py get_kv_cache_spec: num_prefill_checkpoint_blocks=1; vllm PR #57329, opened
+# Sep 2026) [release unverified: present in 0.32.0, the release read]
+MAMBA2_PREFILL_CHECKPOINT = (0, 32, 0)
 TOKENS_FROM_CONCURRENCY = (0, 21, 0)  # "GPU KV cache size" = max_concurrency x max_model_len (PR #40694) [release unverified]
 DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is calibrated on
 # V0 worker before the `memory_profiling` refactor (vllm PR #9352, v0.6.4): non-torch memory was
@@ -83,6 +90,8 @@ class Setup:
     kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes: the pool per GPU, as given
     num_gpu_blocks_override: int | None = None  # --num-gpu-blocks-override: the pool in blocks, as given
     enforce_eager: bool = False      # --enforce-eager: no CUDA graphs (no graph pool; kernels launched one by one)
+    # --enable-prefix-caching, as resolved: V1's default, except hybrid models before 0.28
+    enable_prefix_caching: bool = True
 
     @property
     def moe_ranks(self) -> int:
@@ -145,7 +154,8 @@ class Setup:
                      block_size=self.block_size, vllm_version=self.vllm_version, dp=self.dp,
                      expert_parallel=self.expert_parallel, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                      num_gpu_blocks_override=self.num_gpu_blocks_override, enforce_eager=self.enforce_eager,
-                     enable_chunked_prefill=self.enable_chunked_prefill)
+                     enable_chunked_prefill=self.enable_chunked_prefill,
+                     enable_prefix_caching=self.enable_prefix_caching)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -157,7 +167,8 @@ class Setup:
               vllm_version: str | tuple | None = None, dp: int = 1,
               expert_parallel: bool = False, kv_cache_memory_bytes: int | None = None,
               num_gpu_blocks_override: int | None = None, enforce_eager: bool = False,
-              enable_chunked_prefill: bool | None = None) -> "Setup":
+              enable_chunked_prefill: bool | None = None,
+              enable_prefix_caching: bool | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -255,7 +266,9 @@ class Setup:
                    dp=int(dp), expert_parallel=bool(expert_parallel) and arch.is_moe,
                    kv_cache_memory_bytes=int(kv_cache_memory_bytes) if kv_cache_memory_bytes else None,
                    num_gpu_blocks_override=int(num_gpu_blocks_override) if num_gpu_blocks_override else None,
-                   enforce_eager=bool(enforce_eager))
+                   enforce_eager=bool(enforce_eager),
+                   enable_prefix_caching=(not v0 and (arch.state is None or version >= HYBRID_PREFIX_CACHING))
+                   if enable_prefix_caching is None else bool(enable_prefix_caching))
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's

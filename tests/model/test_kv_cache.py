@@ -284,7 +284,9 @@ KV_LAYOUTS = json.loads((VLLM_CPU / "kv-layouts.json").read_text())
 def test_unified_pages_give_the_blocks_and_tokens_real_vllm_logged(name, tmp_path):
     """Tiny Gemma 4 models whose full layers have a shape of their own (a smaller page: larger
     block; a page that does not divide: padded; a larger page: the sliding layers' block grows)
-    or whose last layers share an earlier layer's cache, booted by vLLM 0.32 with a fixed pool
+    or whose last layers share an earlier layer's cache, and tiny hybrids (Qwen3-Next's gated
+    delta nets, Nemotron-H's Mamba2: state pages padded to the attention page, 2 or 3 state blocks
+    per request with prefix caching, 1 without), booted by vLLM 0.32 with a fixed pool
     (tools/vllm_cpu/kv_layouts.py). `calc`, given the same flags and config.json, must print the
     blocks, tokens and concurrency vLLM printed."""
     run = KV_LAYOUTS["runs"][name]
@@ -295,7 +297,8 @@ def test_unified_pages_give_the_blocks_and_tokens_real_vllm_logged(name, tmp_pat
     info = run["cache_config_info"]
     out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", str(tmp_path), "--gpu", "H100",
                           "--vllm-version", KV_LAYOUTS["vllm"].split("+")[0], "--block-size", info["block_size"],
-                          *[x for kv in flag.items() for x in kv], "--json"],
+                          *[x for kv in flag.items() for x in kv],
+                          *[f for f in serve if f == "--no-enable-prefix-caching"], "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     kv = json.loads(out.stdout)["kv_cache"]
@@ -304,3 +307,18 @@ def test_unified_pages_give_the_blocks_and_tokens_real_vllm_logged(name, tmp_pat
     assert kv["tokens"] == int(tokens.replace(",", "")) == int(info["kv_cache_size_tokens"])
     assert kv["gpu_blocks"] == int(info["num_gpu_blocks"])
     assert round(kv["max_concurrency"], 2) == float(conc)
+
+
+def test_prefix_caching_default_by_release():
+    """V1 turns prefix caching on; for Mamba / linear-attention hybrids only from 0.28 (vllm PR
+    #50991), where their state blocks per request go from 1 to 3 (Mamba2, 0.32)."""
+    hybrid = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+    assert not setup(hybrid, vllm_version="0.27.0").enable_prefix_caching
+    assert setup(hybrid, vllm_version="0.28.0").enable_prefix_caching
+    assert setup(vllm_version="0.27.0").enable_prefix_caching
+    assert not setup(vllm_version="0.7.3").enable_prefix_caching
+    old, new = setup(hybrid, vllm_version="0.27.0"), setup(hybrid, vllm_version="0.32.0")
+    groups = kv_groups(new)
+    assert groups == kv_groups(old) and groups.kinds.count("mamba") == 4   # 23 Mamba2 layers in groups of 6
+    assert blocks_per_request(new) == blocks_per_request(old) + 2 * 4
+    assert blocks_per_request(new.with_(enable_prefix_caching=False)) == blocks_per_request(old)

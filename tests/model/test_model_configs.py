@@ -128,6 +128,23 @@ def test_gemma4_moe_runs_its_dense_mlp_beside_the_experts():
     assert 3.7e9 < arch.active_params < 3.9e9
 
 
+def test_jamba_experts_every_other_layer_and_one_expert_is_dense():
+    """Jamba v0.1's shape (its public config's fields): 16 experts of intermediate_size on every
+    other layer (expert_layer_period 2, offset 1), Mamba1 except one attention layer in eight.
+    AI21 gives it 52B parameters, 12B active. `num_experts: 1` is a dense MLP (jamba.py)."""
+    cfg = {"model_type": "jamba", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 65536,
+           "max_position_embeddings": 262144, "num_experts": 16, "num_experts_per_tok": 2,
+           "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8, "attn_layer_offset": 4,
+           "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": 256}
+    arch = arch_from_config(cfg, name="x", where="x")
+    assert arch.moe_layers == tuple(range(1, 32, 2)) and arch.moe_intermediate_size == 14336
+    assert arch.layer_types.count("full") == 4 and arch.layer_types[4] == "full"
+    assert 51e9 < arch.total_params < 53e9 and 11.5e9 < arch.active_params < 12.5e9
+    dense = arch_from_config({**cfg, "num_experts": 1}, name="x", where="x")
+    assert not dense.is_moe and dense.intermediate_size == 14336
+
+
 def test_mimo_v2_sliding_layers_and_narrow_v_heads():
     mimo = {**BASE, "model_type": "mimo_v2_flash", "head_dim": 96, "v_head_dim": 64, "swa_head_dim": 96,
             "swa_num_key_value_heads": 4, "swa_v_head_dim": 64, "sliding_window": 128,
