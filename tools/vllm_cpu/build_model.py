@@ -10,12 +10,10 @@ Usage: python build_model.py OUT_DIR [--layers 2 --hidden 128 --heads 4 --kv-hea
        python build_model.py OUT_DIR --arch gemma4 --layers 6 --heads 4 --kv-heads 4 --head-dim 32 \
            --global-head-dim 64 --global-kv-heads 1 --sliding-window 128 [--kv-shared-layers 0]
 
-`--arch qwen3_next` and `--arch nemotron_h` build tiny hybrids (gated delta net or Mamba2 layers
-beside attention), whose recurrent state pages vLLM pads to the attention page.
-`--arch gemma4` builds a text-only Gemma 4 (``Gemma4ForCausalLM``): sliding-window layers and one
-full-attention layer in six, the full layers with an attention shape of their own
-(``--global-head-dim``, ``--global-kv-heads``, K = V as in the public checkpoints), which is what
-makes vLLM unify KV pages of different sizes.
+`--arch` builds another architecture instead of Llama (`ARCHS`: Gemma 3 and 4, Jamba, Qwen3-Next,
+Nemotron-H), each a small instance of what makes its KV accounting special; the Gemma 4 one gives
+its full layers an attention shape of their own (`--global-head-dim`, `--global-kv-heads`), which
+makes vLLM unify KV pages of different sizes (tools/vllm_cpu/kv_layouts.py).
 """
 from __future__ import annotations
 
@@ -90,8 +88,7 @@ def build_model(out: Path, a: argparse.Namespace) -> None:
 
     torch.manual_seed(a.seed)
     if a.arch != "llama":
-        {"gemma4": build_gemma4, "gemma3": build_gemma3, "qwen3_next": build_qwen3_next,
-         "nemotron_h": build_nemotron_h, "jamba": build_jamba}[a.arch](out, a)
+        build_arch(out, a)
         return
     cfg = LlamaConfig(
         vocab_size=a.vocab,
@@ -111,85 +108,52 @@ def build_model(out: Path, a: argparse.Namespace) -> None:
     model.save_pretrained(str(out), safe_serialization=True)
 
 
-def build_gemma4(out: Path, a: argparse.Namespace) -> None:
-    import torch
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
-
-    cfg = Gemma4TextConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 4,
-        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
-        head_dim=a.head_dim, global_head_dim=a.global_head_dim,
+# the other architectures: (config class, model class, fields beyond the shared ones), each a small
+# instance of what makes its KV accounting special
+ARCHS = {
+    # sliding layers and one full layer in six, the full layers with a shape of their own
+    # (--global-head-dim, --global-kv-heads; K = V as in the public checkpoints)
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 4, head_dim=a.head_dim, global_head_dim=a.global_head_dim,
         num_global_key_value_heads=a.global_kv_heads, attention_k_eq_v=True,
         sliding_window=a.sliding_window, num_kv_shared_layers=a.kv_shared_layers,
-        hidden_size_per_layer_input=0, vocab_size_per_layer_input=a.vocab,
-        max_position_embeddings=a.max_pos, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-        tie_word_embeddings=True)
-    cfg.architectures = ["Gemma4ForCausalLM"]
-    Gemma4ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
-
-
-def build_gemma3(out: Path, a: argparse.Namespace) -> None:
-    """Gemma 3: five sliding-window layers to one full-attention layer, one attention shape."""
-    import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    cfg = Gemma3TextConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 4,
-        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
-        head_dim=a.head_dim, sliding_window=a.sliding_window, max_position_embeddings=a.max_pos,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=True)
-    cfg.architectures = ["Gemma3ForCausalLM"]
-    Gemma3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
-
-
-def build_jamba(out: Path, a: argparse.Namespace) -> None:
-    """Jamba: Mamba1 layers with attention every fourth layer (offset 2), no experts."""
-    import torch
-    from transformers import JambaConfig, JambaForCausalLM
-
-    cfg = JambaConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 2,
-        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
-        attn_layer_period=4, attn_layer_offset=2, num_experts=1, expert_layer_period=1,
-        expert_layer_offset=0,
-        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False,
-        max_position_embeddings=a.max_pos, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-        tie_word_embeddings=False)
-    cfg.architectures = ["JambaForCausalLM"]
-    JambaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
-
-
-def build_qwen3_next(out: Path, a: argparse.Namespace) -> None:
-    """Qwen3-Next: gated-delta-net (linear attention) layers and one full-attention layer in
-    four, a small MoE in every layer."""
-    import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    cfg = Qwen3NextConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 2,
-        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
-        head_dim=a.head_dim, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-        linear_value_head_dim=32, linear_conv_kernel_dim=4, full_attention_interval=4, num_experts=4,
-        num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-        decoder_sparse_step=1, max_position_embeddings=a.max_pos, bos_token_id=0, eos_token_id=1,
-        pad_token_id=2, tie_word_embeddings=False)
-    cfg.architectures = ["Qwen3NextForCausalLM"]
-    Qwen3NextForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
-
-
-def build_nemotron_h(out: Path, a: argparse.Namespace) -> None:
-    """Nemotron-H: Mamba2, attention and MLP blocks (pattern M*M-)."""
-    import torch
-    from transformers import NemotronHConfig, NemotronHForCausalLM
-
-    cfg = NemotronHConfig(
-        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.hidden * 2, num_hidden_layers=4,
-        hybrid_override_pattern="M*M-", num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+        hidden_size_per_layer_input=0, vocab_size_per_layer_input=a.vocab, tie_word_embeddings=True)),
+    # five sliding-window layers to one full-attention layer, one attention shape
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 4, head_dim=a.head_dim, sliding_window=a.sliding_window,
+        tie_word_embeddings=True)),
+    # Mamba1 layers with attention every fourth layer (offset 2), no experts
+    "jamba": ("JambaConfig", "JambaForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, attn_layer_period=4, attn_layer_offset=2, num_experts=1,
+        expert_layer_period=1, expert_layer_offset=0, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+        use_mamba_kernels=False, tie_word_embeddings=False)),
+    # gated-delta-net (linear attention) layers and one full-attention layer in four, a small MoE
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, head_dim=a.head_dim, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+        linear_conv_kernel_dim=4, full_attention_interval=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=64, shared_expert_intermediate_size=64, decoder_sparse_step=1,
+        tie_word_embeddings=False)),
+    # Mamba2, attention and MLP blocks (pattern M*M-)
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, num_hidden_layers=4, hybrid_override_pattern="M*M-",
         head_dim=a.head_dim, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=2,
-        conv_kernel=4, expand=1, max_position_embeddings=a.max_pos, bos_token_id=0, eos_token_id=1,
-        pad_token_id=2, tie_word_embeddings=False)
-    cfg.architectures = ["NemotronHForCausalLM"]
-    NemotronHForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+        conv_kernel=4, expand=1, tie_word_embeddings=False)),
+}
+
+
+def build_arch(out: Path, a: argparse.Namespace) -> None:
+    import torch
+    import transformers
+
+    config_class, model_class, fields = ARCHS[a.arch]
+    cfg = getattr(transformers, config_class)(**{
+        "vocab_size": a.vocab, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
+        "max_position_embeddings": a.max_pos, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        **fields(a)})
+    cfg.architectures = [model_class]
+    getattr(transformers, model_class)(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
 
 
 def main() -> int:
@@ -202,8 +166,7 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--max-pos", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arch", choices=("llama", "gemma3", "gemma4", "jamba", "qwen3_next", "nemotron_h"),
-                   default="llama")
+    p.add_argument("--arch", choices=("llama", *ARCHS), default="llama")
     p.add_argument("--head-dim", type=int, default=32, help="gemma4: sliding layers' head_dim")
     p.add_argument("--global-head-dim", type=int, default=64)
     p.add_argument("--global-kv-heads", type=int, default=1)
