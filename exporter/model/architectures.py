@@ -670,22 +670,20 @@ def _kind_shapes(cfg: Mapping[str, Any], model_type: str, types: tuple[str, ...]
     k_eq_v = bool(cfg.get("attention_k_eq_v"))
     per_layer = cfg.get("per_layer_config")
     if isinstance(per_layer, Mapping) and per_layer:
-        seen: dict[str, set] = {}
+        given: dict[str, list[tuple[int, int]]] = {}    # kind -> (KV heads, head_dim) of each layer listed
         for key, over in per_layer.items():
             i = int(key)
             if not 0 <= i < len(types) or not isinstance(over, Mapping):
                 raise CatalogError(f"{where}: per_layer_config[{key!r}] is not a layer's overrides")
-            t = types[i]
-            if t in shape:
-                base = shape[t]
-                hd = int(over.get("head_dim") or base.head_dim)
-                seen.setdefault(t, set()).add((int(over.get("num_key_value_heads") or base.kv_heads), hd))
-        for t, got in seen.items():
-            overridden = sum(1 for i in per_layer if types[int(i)] == t)
-            if len(got) > 1 or overridden != types.count(t):
+            base = shape.get(types[i])
+            if base:
+                given.setdefault(base.kind, []).append((int(over.get("num_key_value_heads") or base.kv_heads),
+                                                        int(over.get("head_dim") or base.head_dim)))
+        for t, listed in given.items():
+            if len(set(listed)) > 1 or len(listed) != types.count(t):
                 raise CatalogError(f"{where}: per_layer_config gives the {t} layers more than one "
-                                   f"attention shape ({sorted(got)}); vllm-drift models one per kind")
-            heads, hd = got.pop()
+                                   f"attention shape ({sorted(set(listed))}); vllm-drift models one per kind")
+            heads, hd = listed[0]
             shape[t] = KVShape(t, heads, hd, hd, k_eq_v=k_eq_v and t == FULL)
     elif model_type in ("gemma4", "gemma4_text") and FULL in shape:
         hd = int(cfg.get("global_head_dim") or 512)
