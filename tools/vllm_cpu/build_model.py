@@ -10,10 +10,11 @@ Usage: python build_model.py OUT_DIR [--layers 2 --hidden 128 --heads 4 --kv-hea
        python build_model.py OUT_DIR --arch gemma4 --layers 6 --heads 4 --kv-heads 4 --head-dim 32 \
            --global-head-dim 64 --global-kv-heads 1 --sliding-window 128 [--kv-shared-layers 0]
 
-`--arch` builds another architecture instead of Llama (`ARCHS`: Gemma 3 and 4, Jamba, Qwen3-Next,
-Nemotron-H), each a small instance of what makes its KV accounting special; the Gemma 4 one gives
-its full layers an attention shape of their own (`--global-head-dim`, `--global-kv-heads`), which
-makes vLLM unify KV pages of different sizes (tools/vllm_cpu/kv_layouts.py).
+`--arch` builds another architecture instead of Llama (`ARCHS`: Gemma 2, 3 and 4, Mistral,
+DeepSeek-V3, gpt-oss, Llama 4, Jamba, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1), each a small
+instance of what makes its KV accounting special; the Gemma 4 one gives its full layers an
+attention shape of their own (`--global-head-dim`, `--global-kv-heads`), which makes vLLM unify KV
+pages of different sizes (tools/vllm_cpu/kv_layouts.py).
 """
 from __future__ import annotations
 
@@ -139,6 +140,43 @@ ARCHS = {
         intermediate_size=a.hidden * 2, num_hidden_layers=4, hybrid_override_pattern="M*M-",
         head_dim=a.head_dim, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=2,
         conv_kernel=4, expand=1, tie_word_embeddings=False)),
+    # multi-head latent attention: one latent (kv_lora_rank + qk_rope_head_dim) per token and layer,
+    # not split by TP; a dense first layer, then routed and shared experts
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, moe_intermediate_size=64, kv_lora_rank=a.kv_lora_rank,
+        q_lora_rank=None, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+        topk_method="noaux_tc",   # transformers saves the router's e_score_correction_bias; vLLM then loads it
+        tie_word_embeddings=False)),
+    # sliding (window --sliding-window) and full layers alternating, attention sinks, experts
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden, head_dim=a.head_dim, sliding_window=a.sliding_window,
+        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
+    # chunked local attention (--attention-chunk-size) on three layers in four, the fourth
+    # global without RoPE; MoE on every other layer
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, intermediate_size_mlp=a.hidden * 4, head_dim=a.head_dim,
+        attention_chunk_size=a.attention_chunk_size, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, tie_word_embeddings=False)),
+    # sliding and full layers alternating 1:1, logit soft-capping
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 4, head_dim=a.head_dim, sliding_window=a.sliding_window,
+        tie_word_embeddings=True)),
+    # every layer sliding-window (Mistral-7B-v0.1's config)
+    "mistral": ("MistralConfig", "MistralForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 4, head_dim=a.head_dim, sliding_window=a.sliding_window,
+        tie_word_embeddings=False)),
+    # Granite 4: Mamba2 layers and one attention layer in four, shared MLP, no routed experts
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, shared_intermediate_size=a.hidden * 2, num_local_experts=0,
+        layer_types=["attention" if i % 4 == 1 else "mamba" for i in range(a.layers)],
+        mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=1, position_embedding_type="nope", tie_word_embeddings=False)),
+    # Falcon-H1: attention and Mamba2 side by side in every layer
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, head_dim=a.head_dim, mamba_d_ssm=128, mamba_n_heads=4,
+        mamba_d_head=32, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=1,
+        tie_word_embeddings=False)),
 }
 
 
@@ -167,11 +205,13 @@ def main() -> int:
     p.add_argument("--max-pos", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arch", choices=("llama", *ARCHS), default="llama")
-    p.add_argument("--head-dim", type=int, default=32, help="gemma4: sliding layers' head_dim")
+    p.add_argument("--head-dim", type=int, default=32, help="head_dim (gemma4: the sliding layers')")
     p.add_argument("--global-head-dim", type=int, default=64)
     p.add_argument("--global-kv-heads", type=int, default=1)
     p.add_argument("--sliding-window", type=int, default=128)
     p.add_argument("--kv-shared-layers", type=int, default=0)
+    p.add_argument("--kv-lora-rank", type=int, default=128, help="deepseek_v3: the latent's width")
+    p.add_argument("--attention-chunk-size", type=int, default=256, help="llama4")
     a = p.parse_args()
     a.out_dir.mkdir(parents=True, exist_ok=True)
     build_tokenizer(a.out_dir, a.vocab, a.seed)

@@ -1,20 +1,24 @@
-"""Boot real vLLM on tiny models whose layers have KV pages of different sizes, and record what
-its KV-cache accounting printed, as a fixture for `exporter/model/kv_cache.py`.
+"""Boot real vLLM on tiny models of the architectures whose KV accounting departs from one
+uniform attention shape, and record what its KV-cache accounting printed, as a fixture for
+`exporter/model/kv_cache.py` and `exporter/model/architectures.py`.
 
 Why: Gemma 4 gives its full-attention layers an attention shape of their own (global_head_dim,
 num_global_key_value_heads) beside the sliding-window layers, and can leave its last layers
-without a cache (num_kv_shared_layers); hybrids (Qwen3-Next's gated delta nets, Nemotron-H's
-Mamba2) hold recurrent state pages beside the attention pages, and with prefix caching on keep
-more than one of them per request. vLLM unifies pages of different sizes, by a larger block for
-the smaller page when the ratio is whole and by padding otherwise (`unify_kv_cache_spec_page_size`),
-before it groups layers and counts blocks. No GPU run of such models is in the reference data;
-this records the real engine's own numbers for each case, from a fixed KV pool
-(`--kv-cache-memory-bytes`), so only the page arithmetic is being tested.
+without a cache (num_kv_shared_layers); hybrids (Qwen3-Next's gated delta nets, Nemotron-H's,
+Granite 4's and Falcon-H1's Mamba2, Jamba's Mamba1) hold recurrent state pages beside the
+attention pages, and with prefix caching on keep more than one of them per request; sliding
+windows (gpt-oss, Gemma 2 and 3, Mistral), chunked local attention (Llama 4) and multi-head latent
+attention (DeepSeek-V3) size a request's blocks their own way. vLLM unifies pages of different
+sizes, by a larger block for the smaller page when the ratio is whole and by padding otherwise
+(`unify_kv_cache_spec_page_size`), before it groups layers and counts blocks. No GPU run of most
+of these models is in the reference data; this records the real engine's own numbers for each
+case, from a fixed KV pool (`--kv-cache-memory-bytes`), so only the page arithmetic is being
+tested (and the parameter count the checkpoint stores, against the one read from config.json).
 
 Each variant: `build_model.py DIR --arch gemma4 ...`, then `capture.py` boots `vllm serve` on
 loopback, saves the idle /metrics and stops the server. Written per variant: the build flags, the
-model's config.json, the serve flags, the startup lines about the KV cache and the
-`cache_config_info` labels that carry the same numbers.
+model's config.json and the parameters its checkpoint stores, the serve flags, the startup lines
+about the KV cache and the `cache_config_info` labels that carry the same numbers.
 
 Usage (the vLLM venv's python, from a scratch directory):
   python kv_layouts.py OUT.json [--port 8011] [--only a b]   (runs already in OUT.json are kept)
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -48,6 +53,17 @@ VARIANTS = {
     # one attention shape: sliding and full layers grouped 5:1 (Gemma 3), Mamba1 beside attention (Jamba)
     "gemma3": ["--arch", "gemma3", "--layers", "6", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
     "jamba": ["--arch", "jamba", "--layers", "8", "--heads", "4", "--kv-heads", "2"],
+    # multi-head latent attention: one latent per token and layer (kv_lora_rank + qk_rope_head_dim)
+    "deepseek-v3": ["--arch", "deepseek_v3", "--layers", "4", "--heads", "4", "--kv-heads", "4"],
+    # sliding and full layers alternating (gpt-oss, Gemma 2), every layer sliding (Mistral v0.1),
+    # chunked local attention on three layers in four (Llama 4)
+    "gpt-oss": ["--arch", "gpt_oss", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    "gemma2": ["--arch", "gemma2", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    "mistral": ["--arch", "mistral", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    "llama4": ["--arch", "llama4", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    # Mamba2 beside attention: in layers of their own (Granite 4), side by side in every layer (Falcon-H1)
+    "granite-4": ["--arch", "granitemoehybrid", "--layers", "4", "--heads", "4", "--kv-heads", "2"],
+    "falcon-h1": ["--arch", "falcon_h1", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
 }
 EXTRA_SERVE = {"nemotron-h-no-prefix-caching": ["--no-enable-prefix-caching"]}
 SERVE = ["--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "8",
@@ -63,6 +79,16 @@ def cache_info(metrics: str) -> dict[str, str]:
     return {k: labels[k] for k in CACHE_KEYS if k in labels}
 
 
+def parameters(model: Path) -> int:
+    """Parameters the checkpoint stores (its safetensors headers' tensor shapes)."""
+    total = 0
+    for f in model.glob("*.safetensors"):
+        with f.open("rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        total += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return total
+
+
 def run(name: str, flags: list[str], port: int) -> dict:
     model = Path(f"tiny-gemma4-{name}" if len(name) == 1 else f"tiny-{name}")
     serve = [*SERVE, *EXTRA_SERVE.get(name, [])]
@@ -74,7 +100,7 @@ def run(name: str, flags: list[str], port: int) -> dict:
     lines = [re.sub(r"^.*?\] ", "", ln.strip()) for ln in log.read_text(errors="replace").splitlines()
              if KV_LINE.search(ln)]
     return {"build": ["build_model.py", "DIR", *flags], "serve": ["vllm", "serve", "DIR", *serve],
-            "config": json.loads((model / "config.json").read_text()),
+            "config": json.loads((model / "config.json").read_text()), "parameters": parameters(model),
             "log": lines, "cache_config_info": cache_info(Path(prom).read_text())}
 
 
