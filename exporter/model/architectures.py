@@ -84,6 +84,9 @@ class RecurrentState:
     conv_bytes: int = 2         # the conv state's dtype (the model's)
     temporal_bytes: int = 2     # the temporal state's (the model's; Nemotron-H's as it names it)
     proj_params: int = 0        # the mixer's linear parameters (0: not derived)
+    # the mixer's other parameters, kept in the model dtype: conv weights and biases, A, D, dt
+    # biases, its norm
+    other_params: int = 0
     # Nemotron-H: vLLM takes the temporal state's dtype from the config (a dtype name) or, when
     # it names none, a default of the release (True); see setup.NEMOTRON_SSM_FROM_CONFIG
     ssm_dtype_from_config: str | bool = False
@@ -148,6 +151,12 @@ class ModelArch:
     kv_shared_layers: int = 0
     # layers whose block is the token mixer alone, with no MLP (Nemotron-H's "M" and "*")
     mixer_only_layers: tuple[int, ...] = ()
+    # every layer runs attention and a Mamba2 mixer side by side, each with its own cache
+    # (Falcon-H1: FalconH1ParallelHybrid in vLLM's falcon_h1.py)
+    parallel_mixers: bool = False
+    # q_proj also yields a sigmoid gate on the attention output, as wide as the query
+    # (Qwen3-Next, Qwen3.5: attn_output_gate, qwen3_next.py)
+    attn_output_gate: bool = False
     state: RecurrentState | None = None    # Mamba / linear-attention state, when the model has it
     # MoE
     num_experts: int = 0
@@ -202,7 +211,14 @@ class ModelArch:
         """Kinds of the layers that hold a cache, in order: every layer but the MLP-only ones and
         the KV-shared tail."""
         types = (self.layer_types or (FULL,) * self.num_layers)[:self.num_layers - self.kv_shared_layers]
-        return tuple(t for t in types if t != FFN) or (FULL,) * self.num_layers
+        types = tuple(t for t in types if t != FFN) or (FULL,) * self.num_layers
+        return types + (MAMBA,) * self.num_layers if self.parallel_mixers else types
+
+    @property
+    def state_layers(self) -> int:
+        """Layers with a Mamba / linear-attention mixer (every layer when they run beside attention)."""
+        return self.num_layers if self.parallel_mixers else \
+            sum(1 for t in self.layer_types if t in (MAMBA, LINEAR))
 
     def attention_params_per_layer(self, layer: int | None = None) -> int:
         h = self.hidden_size
@@ -215,8 +231,10 @@ class ModelArch:
             return q + kv + self.num_heads * self.v_head_dim * h
         kind = self.layer_types[layer] if layer is not None and self.layer_types else FULL
         shape = self.kv_shape(kind)
-        q = h * self.num_heads * shape.head_dim
+        q = h * self.num_heads * shape.head_dim * (2 if self.attn_output_gate else 1)
         kv = h * shape.kv_heads * (shape.head_dim + (0 if shape.k_eq_v else shape.v_head_dim))
+        if layer is not None and layer >= self.num_layers - self.kv_shared_layers:
+            kv = 0    # a KV-shared layer has q_proj alone (gemma4.py), its K and V are another layer's
         return q + kv + self.num_heads * shape.v_head_dim * h
 
     def is_mixer(self, layer: int) -> bool:
@@ -316,9 +334,10 @@ class ModelArch:
         moe = set(self.moe_layers)
         for i in range(self.num_layers):
             other += 2 * self.hidden_size
-            if self.is_mixer(i):
+            if self.is_mixer(i) or self.parallel_mixers:
                 linear += self.mixer_params()
-            elif self.has_attention(i):
+                other += self.state.other_params if self.state else 0
+            if self.has_attention(i):
                 linear += self.attention_params_per_layer(i)
             if i in moe:
                 e = self.num_experts * self.expert_params()
@@ -440,6 +459,13 @@ def _opt(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+def _mamba_mixers(cfg: Mapping[str, Any]) -> bool:
+    """The config describes Mamba mixers (mamba_* or ssm_state_size keys), not gated delta nets
+    (linear_* keys: Qwen3-Next, Qwen3.5)."""
+    return not any(str(k).startswith("linear_") and k != "linear_attention" for k in cfg) and \
+        any(str(k).startswith("mamba_") or k == "ssm_state_size" for k in cfg)
+
+
 def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) -> tuple[str, ...]:
     kinds = {"full_attention": FULL, "attention": FULL, "sliding_attention": SLIDING,
              "chunked_attention": CHUNKED, "linear_attention": LINEAR, "mamba": MAMBA,
@@ -448,6 +474,8 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
         raw = cfg["layer_types"]
         if len(raw) != n:
             raise CatalogError(f"{where}: layer_types has {len(raw)} entries, expected {n}")
+        if _mamba_mixers(cfg):   # transformers 5 names Mamba layers linear_attention (Granite 4)
+            kinds = {**kinds, "linear_attention": MAMBA}
         return tuple(kinds.get(str(t), FULL) for t in raw)
     if isinstance(cfg.get("hybrid_layer_pattern"), list):
         # MiMo-V2: 1 = sliding-window layer, 0 = full attention (mimo_v2.py is_compressed_softmax_layer)
@@ -490,6 +518,11 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
     return (FULL,) * n
 
 
+# Granite MoE configs: experts intermediate_size wide, a shared MLP of shared_intermediate_size beside
+# them (the only MLP when num_local_experts is 0); granitemoeshared.py, granitemoehybrid.py
+GRANITE_MOE_TYPES = ("granitemoe", "granitemoeshared", "granitemoehybrid")
+
+
 # models whose mixers are Mamba1 (vLLM's mamba1_state_shape: jamba.py, mamba.py); the others Mamba2
 MAMBA1_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
 
@@ -508,16 +541,28 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
         d_state = int(_opt(cfg, "mamba_d_state", "ssm_state_size", "state_size", default=128))
         d_conv = int(_opt(cfg, "mamba_d_conv", "conv_kernel", default=4))
         heads, head_dim = _opt(cfg, "mamba_num_heads", "mamba_n_heads"), _opt(cfg, "mamba_head_dim", "mamba_d_head")
+        expanded = int(_opt(cfg, "mamba_expand", "expand", default=2)) * hidden
         if heads and head_dim:
             d_inner = int(heads) * int(head_dim)
         else:
-            d_inner = int(_opt(cfg, "mamba_d_inner", default=int(_opt(cfg, "mamba_expand", "expand", default=2)) * hidden))
+            d_inner = int(_opt(cfg, "mamba_d_inner", default=expanded))
             heads = int(_opt(cfg, "mamba_n_heads", default=max(d_inner // 64, 1)))
+        # the conv window's channels are the mixer's intermediate size, which Granite 4 takes
+        # as expand x hidden and Falcon-H1 as mamba_d_ssm when set (their
+        # get_mamba_state_shape_from_config); the temporal state is heads x head_dim wide
+        conv_inner = d_inner
+        if model_type == "granitemoehybrid":
+            conv_inner = expanded
+        elif model_type == "falcon_h1":
+            conv_inner = int(cfg.get("mamba_d_ssm") or expanded)
         if model_type in MAMBA1_TYPES:   # Mamba1: no groups, temporal d_inner x d_state
             dt_rank = int(_opt(cfg, "mamba_dt_rank", "time_step_rank", default=math.ceil(hidden / 16)))
             proj = 3 * hidden * d_inner + d_inner * (dt_rank + 2 * d_state) + dt_rank * d_inner
+            # A (d_inner x d_state), D, the conv's weights and bias, dt_proj's bias
+            other = d_inner * (d_state + d_conv + 3)
             return RecurrentState(conv_channels=d_inner, conv_width=d_conv - 1, temporal=d_inner * d_state,
-                                  conv_bytes=dtype_bytes, temporal_bytes=dtype_bytes, proj_params=proj)
+                                  conv_bytes=dtype_bytes, temporal_bytes=dtype_bytes, proj_params=proj,
+                                  other_params=other)
         groups = int(_opt(cfg, "mamba_n_groups", "n_groups", default=1))
         temporal_bytes, from_config = dtype_bytes, False
         if model_type == "nemotron_h":
@@ -525,10 +570,12 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
             from_config = str(named) if named else True
             temporal_bytes = DTYPE_BYTES.get(str(named or "float32"), 4)
         # in_proj (z, x, B, C, dt) and out_proj (mamba_mixer2.py)
-        proj = hidden * (2 * d_inner + 2 * groups * d_state + int(heads)) + d_inner * hidden
-        return RecurrentState(conv_channels=d_inner, conv_width=d_conv - 1, temporal=d_inner * d_state,
+        proj = hidden * (2 * conv_inner + 2 * groups * d_state + int(heads)) + conv_inner * hidden
+        # the conv over x, B and C (weights and bias), A, D and dt bias per head, the gated norm
+        other = (conv_inner + 2 * groups * d_state) * (d_conv + 1) + 3 * int(heads) + conv_inner
+        return RecurrentState(conv_channels=conv_inner, conv_width=d_conv - 1, temporal=d_inner * d_state,
                               groups=groups, group_channels=2 * d_state, conv_bytes=dtype_bytes,
-                              temporal_bytes=temporal_bytes, proj_params=proj,
+                              temporal_bytes=temporal_bytes, proj_params=proj, other_params=other,
                               ssm_dtype_from_config=from_config)
     if LINEAR in types:
         kh = int(_opt(cfg, "linear_num_key_heads", default=16))
@@ -536,8 +583,14 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
         kd = int(_opt(cfg, "linear_key_head_dim", default=128))
         vd = int(_opt(cfg, "linear_value_head_dim", default=128))
         conv_k = int(_opt(cfg, "linear_conv_kernel_dim", default=4))
+        # gated delta net (qwen3_next.py): in_proj_qkvz (q, k, v, the gate z), in_proj_ba (the
+        # beta and alpha per value head), out_proj; beside them the conv over q, k, v, A and dt
+        # bias per value head, the norm over a value head
+        proj = hidden * (2 * kh * kd + 2 * vh * vd + 2 * vh) + vh * vd * hidden
+        other = (2 * kh * kd + vh * vd) * conv_k + 2 * vh + vd
         return RecurrentState(conv_channels=2 * kh * kd + vh * vd, conv_width=conv_k - 1,
-                              temporal=vh * kd * vd, conv_bytes=dtype_bytes, temporal_bytes=dtype_bytes)
+                              temporal=vh * kd * vd, conv_bytes=dtype_bytes, temporal_bytes=dtype_bytes,
+                              proj_params=proj, other_params=other)
     return None
 
 
@@ -626,7 +679,7 @@ KNOWN_MODEL_TYPES = frozenset({
     "internlm2", "baichuan", "chatglm", "glm", "glm4", "glm4_moe", "minimax", "minimax_m2", "kimi_k25",
     "llava", "llava_next", "mllama", "idefics3", "internvl_chat", "cohere", "cohere2", "exaone",
     "ernie4_5", "ernie4_5_moe", "hunyuan", "dbrx", "stablelm", "mpt", "bloom", "gptj",
-    "gemma4", "gemma4_text", "mimo_v2_flash",
+    "gemma4", "gemma4_text", "mimo_v2_flash", "granitemoeshared", "granitemoehybrid", "falcon_h1",
 })
 
 
@@ -773,7 +826,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         n_experts = 0            # one "expert" is Jamba's dense MLP (jamba.py: JambaMoE only when > 1)
     k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", "top_k_experts", default=0) or 0)
     if n_experts:
-        if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax", "minimax_m2", "jamba"):
+        if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax", "minimax_m2", "jamba",
+                          *GRANITE_MOE_TYPES):
             moe_inter = int(_need(cfg, ("intermediate_size",), where))
             inter = int(_opt(cfg, "intermediate_size_mlp", default=moe_inter))
         else:
@@ -786,6 +840,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         inter = int(_need(cfg, ("intermediate_size", "n_inner", "ffn_hidden_size"), where))
         if model_type == "qwen":  # Qwen v1 counts both gated branches in intermediate_size
             inter //= 2
+        if model_type in GRANITE_MOE_TYPES and cfg.get("shared_intermediate_size"):
+            inter = int(cfg["shared_intermediate_size"])   # no experts: the shared MLP is the MLP
     # which layers are MoE
     moe_layers: tuple[int, ...] = ()
     if n_experts:
@@ -814,10 +870,13 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         shared_inter = moe_inter  # Llama 4 adds one always-on shared expert per MoE layer
     if model_type in ("gemma4", "gemma4_text") and n_experts:
         shared_inter = inter      # Gemma 4: the dense MLP runs beside the expert block (gemma4.py)
+    if model_type in GRANITE_MOE_TYPES and n_experts:
+        shared_inter = int(cfg.get("shared_intermediate_size") or 0)   # shared_mlp beside the experts
     mla = cfg.get("kv_lora_rank") is not None
     types = _layer_types(cfg, model_type, n, where)
     mixer_only: tuple[int, ...] = ()
     latent = 0
+    parallel = model_type == "falcon_h1"   # attention and Mamba2 side by side in every layer
     if isinstance(cfg.get("hybrid_override_pattern"), str):
         # Nemotron-H: the MoE layers are the "E"s, and its shared expert is
         # moe_shared_expert_intermediate_size x n_shared_experts wide (nemotron_h.py)
@@ -853,6 +912,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      f"{len(moe_layers)} of {n} layers sparse")
     if len(set(types)) > 1:
         notes.append("hybrid layers: " + ", ".join(f"{c} {t}" for t, c in Counter(types).items()))
+    if parallel:
+        notes.append(f"hybrid layers: attention and a Mamba2 mixer side by side in each of the {n} layers")
     shapes, shape_notes = ((), []) if mla else _kind_shapes(cfg, model_type, types, kv_heads, head_dim, where)
     notes += shape_notes
     kv_shared = int(cfg.get("num_kv_shared_layers") or 0)
@@ -887,7 +948,10 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
         mixer_only_layers=mixer_only, moe_latent_size=latent,
-        state=_recurrent_state(cfg, types, hidden, model_type, DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary,
+        parallel_mixers=parallel,
+        attn_output_gate=bool(cfg.get("attn_output_gate", model_type == "qwen3_next")),
+        state=_recurrent_state(cfg, types + ((MAMBA,) if parallel else ()), hidden, model_type,
+                               DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary,
         num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,

@@ -607,7 +607,7 @@ def _kv_read_bytes(setup: Any, kind: str = "full") -> float:
 def shape_for(setup: Any) -> Shape:
     """Precompute the per-GPU bytes and FLOPs of `setup` (cached: setups are frozen)."""
     from exporter.model import kv_cache as kvc
-    from exporter.model.architectures import CHUNKED, FULL, LINEAR, MAMBA, SLIDING
+    from exporter.model.architectures import CHUNKED, FULL, SLIDING
 
     m, tp, pp = setup.model, setup.tp, setup.pp
     native = setup.dtype_bytes
@@ -633,7 +633,7 @@ def shape_for(setup: Any) -> Shape:
     flop_params = m.active_params - (m.embedding_params if not m.tie_word_embeddings else 0)
     types = m.layer_types or tuple(["full"] * m.num_layers)
     n_swa = sum(1 for t in types if t in (SLIDING, CHUNKED))
-    n_state = sum(1 for t in types if t in (MAMBA, LINEAR))
+    n_state = m.state_layers
     n_full = m.attention_layers - n_swa     # full-context attention: neither windowed nor recurrent/MLP-only
     # the KV bytes decode attention reads per token, at what an FP8 cache costs in time, and the
     # width of QK^T plus PV per head (a layer kind may have its own shape: Gemma 4's full layers)

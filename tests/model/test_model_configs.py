@@ -2,8 +2,11 @@
 safetensors split (quantization scales kept as stored, MTP layers left out, towers apart)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from conftest import VLLM_CPU
 from exporter.errors import CatalogError
 from exporter.model.architectures import KVShape, arch_from_config, quant_from_config
 from exporter.model.setup import tp_refusal
@@ -145,6 +148,50 @@ def test_jamba_experts_every_other_layer_and_one_expert_is_dense():
     assert not dense.is_moe and dense.intermediate_size == 14336
 
 
+GRANITE_4_H_SMALL = {
+    # ibm-granite/granite-4.0-h-small's public config.json fields (attention at four of 40 layers)
+    "model_type": "granitemoehybrid", "num_hidden_layers": 40, "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "num_local_experts": 72, "num_experts_per_tok": 10, "intermediate_size": 768,
+    "shared_intermediate_size": 1536, "mamba_d_state": 128, "mamba_d_conv": 4, "mamba_expand": 2,
+    "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_n_groups": 1, "vocab_size": 100352,
+    "tie_word_embeddings": True, "max_position_embeddings": 131072, "position_embedding_type": "nope",
+    "layer_types": ["attention" if i in (5, 15, 25, 35) else "mamba" for i in range(40)]}
+
+
+def test_granite_4_experts_beside_a_shared_mlp_and_mamba_layers_by_either_name():
+    """Granite 4 (granitemoehybrid.py): experts `intermediate_size` wide with a shared MLP of
+    `shared_intermediate_size` beside them in every layer; with no experts the shared MLP is the
+    only one. IBM gives Granite-4.0-H-Small 32B parameters, 9B active. transformers 5 saves the
+    layer kinds as linear_attention / full_attention: still Mamba2 here, since the config
+    describes Mamba mixers (a gated delta net's config has linear_* keys)."""
+    arch = arch_from_config(GRANITE_4_H_SMALL, name="x", where="x")
+    assert (arch.moe_intermediate_size, arch.shared_expert_intermediate_size) == (768, 1536)
+    assert arch.layer_types.count("mamba") == 36 and arch.state_layers == 36
+    assert 31.5e9 < arch.total_params < 32.5e9 and 8.5e9 < arch.active_params < 9.5e9
+    # conv window: expand x hidden (+ B, C); temporal: heads x head_dim x d_state
+    assert arch.state.conv_channels == 8192 and arch.state.temporal == 128 * 64 * 128
+    renamed = {**GRANITE_4_H_SMALL, "layer_types": [
+        "full_attention" if t == "attention" else "linear_attention" for t in GRANITE_4_H_SMALL["layer_types"]]}
+    assert arch_from_config(renamed, name="x", where="x").layer_types == arch.layer_types
+    dense = arch_from_config({**GRANITE_4_H_SMALL, "num_local_experts": 0, "shared_intermediate_size": 8192},
+                             name="x", where="x")
+    assert not dense.is_moe and dense.intermediate_size == 8192
+
+
+def test_falcon_h1_runs_attention_and_mamba_side_by_side_in_every_layer():
+    """Falcon-H1 (falcon_h1.py): each layer holds an attention KV cache and a Mamba2 state, and
+    its weights have both; the conv window is mamba_d_ssm wide when the config sets it."""
+    cfg = {**BASE, "model_type": "falcon_h1", "mamba_d_ssm": 1024, "mamba_n_heads": 8, "mamba_d_head": 64,
+           "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2}
+    arch = arch_from_config(cfg, name="x", where="x")
+    n = cfg["num_hidden_layers"]
+    assert arch.parallel_mixers and arch.attention_layers == n and arch.state_layers == n
+    assert arch.cache_layer_types == ("full",) * n + ("mamba",) * n
+    assert arch.state.conv_channels == 1024 and arch.state.temporal == 8 * 64 * 16
+    plain = arch_from_config({**cfg, "model_type": "llama"}, name="x", where="x")
+    assert arch.total_params - plain.total_params == n * (arch.mixer_params() + arch.state.other_params)
+
+
 def test_mimo_v2_sliding_layers_and_narrow_v_heads():
     mimo = {**BASE, "model_type": "mimo_v2_flash", "head_dim": 96, "v_head_dim": 64, "swa_head_dim": 96,
             "swa_num_key_value_heads": 4, "swa_v_head_dim": 64, "sliding_window": 128,
@@ -255,3 +302,17 @@ def test_layers_a_checkpoint_leaves_unquantized_are_read_from_its_config(qc, par
     arch = arch_from_config({**BASE, "quantization_config": qc}, name="x", where="x")
     assert arch.quant_skip == parts
     assert any("left in the model dtype" in n for n in arch.notes) == bool(parts)
+
+
+KV_LAYOUTS = json.loads((VLLM_CPU / "kv-layouts.json").read_text())["runs"]
+
+
+@pytest.mark.parametrize("name", sorted(KV_LAYOUTS))
+def test_parameters_read_from_config_are_the_ones_the_checkpoint_stores(name):
+    """The tiny models booted by real vLLM (tools/vllm_cpu/kv_layouts.py: Gemma 2/3/4, Mistral,
+    gpt-oss, Llama 4, DeepSeek-V3, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1, Jamba) were saved
+    by transformers; the parameters read from their config.json alone must be what the checkpoint
+    stores, within the biases and norms the reader leaves out."""
+    run = KV_LAYOUTS[name]
+    arch = arch_from_config(run["config"], name=name, where=name)
+    assert abs(arch.total_params / run["parameters"] - 1) < 0.005, (arch.total_params, run["parameters"])
