@@ -188,9 +188,10 @@ def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resol
     if (res.gpu is None and res.model is not None and hint and x.kv_cache_tokens and not non_gpu_kind(hint)
             and not x.observation_only):
         gpu = _described_gpu(res.model, int(ident.tp), int(ident.pp), ident.quantization, _kv_dtype(x.cache_dtype),
-                             x.gpu_memory_utilization, int(x.block_size) if x.block_size else None,
+                             x.gpu_memory_utilization, int(x.max_model_len) if x.max_model_len else None,
+                             x.max_num_seqs, x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
                              read_version(vllm_version), float(f"{x.kv_cache_tokens:.4g}"), hint,
-                             x.dp, ident.expert_parallel)
+                             ident.enforce_eager, x.dp, ident.expert_parallel, x.enable_prefix_caching)
         if gpu is not None:
             res = replace(res, gpu=gpu, notes=res.notes + (
                 f"{hint!r} has no catalog row: described as a generic {gpu.memory_gib:.0f} GiB device (memory "
@@ -276,13 +277,13 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
         return Prediction(notes=tuple(notes))
     if observed_kv_tokens and cap.tokens > 0 and cap.bytes_per_token > 0 and not res.gpu.unprofiled:
         ratio = observed_kv_tokens / cap.tokens
-        off_gib = abs(observed_kv_tokens - cap.tokens) * cap.bytes_per_token / GIB
+        off_gib = abs(observed_kv_tokens - cap.tokens) * cap.pool_bytes_per_token / GIB
         if off_gib > MISMATCH_SHARE * setup.gpu_memory_gib:
             likely = _likely_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
                                  gpu_memory_utilization, int(max_model_len) if max_model_len else None,
                                  max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
                                  read_version(vllm_version), float(f"{observed_kv_tokens:.3g}"), res.gpu.name,
-                                 int(dp), bool(expert_parallel))
+                                 int(dp), bool(expert_parallel), prefix_caching)
             notes.append(f"the server's KV pool ({observed_kv_tokens:,.0f} tokens) is {ratio:.2f}x what "
                          f"{res.gpu.name} x{tp} would hold for this model ({off_gib:.1f} GiB per GPU apart): "
                          f"the GPU hint looks wrong" + (f" (the pool fits {' or '.join(likely)})" if likely else "")
@@ -319,19 +320,28 @@ def _pool(setup: Setup):
 
 @lru_cache(maxsize=256)
 def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
-                   util: float | None, block_size: int | None, version: Version | None,
-                   observed: float, name: str, dp: int = 1, ep: bool = False) -> GPU | None:
+                   util: float | None, max_model_len: int | None, max_num_seqs: int | None, mnbt: int | None,
+                   block_size: int | None, version: Version | None, observed: float, name: str,
+                   enforce_eager: bool = False, dp: int = 1, ep: bool = False,
+                   prefix_caching: bool | None = None) -> GPU | None:
     """A generic device whose memory makes this model's predicted pool the observed one: what the
-    model needs beside the pool (weights, activations, graphs), probed on an 80 GiB device, plus
-    the observed pool, over the memory utilisation."""
+    model needs beside the pool (weights, activations, graphs), probed on a large device with the
+    server's own flags, plus the observed tokens at the probe's pool bytes per token (which the
+    flags decide for hybrids and sliding windows: max_model_len, prefix caching), over the memory
+    utilisation."""
     try:
-        probe = generic_gpu(80.0, name=name)
-        setup = _setup(model, probe, tp, pp, quantization, kv_dtype, util, None, None, None, block_size, version,
-                       dp=dp, ep=ep)
-        cap = kv_capacity(setup, check_fits=False)
+        for probe_gib in (80.0, 640.0):      # a model too large for the first probe leaves it no pool
+            probe = generic_gpu(probe_gib, name=name)
+            setup = _setup(model, probe, tp, pp, quantization, kv_dtype, util, max_model_len, max_num_seqs, mnbt,
+                           block_size, version, enforce_eager, dp, ep, prefix_caching)
+            cap = kv_capacity(setup, check_fits=False)
+            if cap.tokens > 0:
+                break
+        else:
+            return None
         used = setup.gpu_memory_utilization * setup.gpu_memory_gib
         beside = used - cap.memory.kv_cache_gib
-        memory = (beside + observed * cap.bytes_per_token / GIB) / setup.gpu_memory_utilization
+        memory = (beside + observed * cap.pool_bytes_per_token / GIB) / setup.gpu_memory_utilization
         return generic_gpu(round(memory, 1), name=name) if memory > 0 else None
     except (InputError, ArithmeticError, ValueError, TypeError):
         return None
@@ -341,7 +351,8 @@ def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None,
 def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
                 util: float | None, max_model_len: int | None, max_num_seqs: int | None, mnbt: int | None,
                 block_size: int | None, version: Version | None, observed: float,
-                hinted: str, dp: int = 1, ep: bool = False) -> tuple[str, ...]:
+                hinted: str, dp: int = 1, ep: bool = False,
+                prefix_caching: bool | None = None) -> tuple[str, ...]:
     """The catalog GPUs whose predicted pool for this model is closest to the observed one (within
     10% of their memory), best first; cards of one memory class (L4, A30, RTX 4090) hold alike
     pools, so all of them within 3 points of the best are named."""
@@ -352,13 +363,13 @@ def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv
         gpu = find_gpu(name)
         try:
             setup = _setup(model, gpu, tp, pp, quantization, kv_dtype, util, max_model_len, max_num_seqs,
-                           mnbt, block_size, version, dp=dp, ep=ep)
+                           mnbt, block_size, version, dp=dp, ep=ep, prefix_caching=prefix_caching)
             cap = kv_capacity(setup, check_fits=False)
         except (InputError, ArithmeticError, ValueError, TypeError):
             continue
         if cap.tokens <= 0:
             continue
-        e = abs(observed - cap.tokens) * cap.bytes_per_token / GIB / gpu.memory_gib
+        e = abs(observed - cap.tokens) * cap.pool_bytes_per_token / GIB / gpu.memory_gib
         if e < 0.10:
             scored.append((e, not gpu.tier, name))
     scored.sort()

@@ -96,6 +96,13 @@ class KVCapacity:
     num_groups: int             # KV cache groups (1 unless hybrid)
     blocks_per_request: int     # blocks one max_model_len request needs
 
+    @property
+    def pool_bytes_per_token(self) -> float:
+        """Pool bytes behind each token of `tokens` on one GPU: `bytes_per_token` for a uniform
+        model; more for hybrids (state blocks) and less for sliding windows, whose token count is
+        requests x max_model_len. Tokens grow in proportion to the pool at fixed flags."""
+        return self.memory.kv_cache_gib * GIB / self.tokens if self.tokens > 0 else float(self.bytes_per_token)
+
 
 # ---- per-layer pages ------------------------------------------------------------------------
 
