@@ -92,6 +92,10 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("engine flags", ("--enable-prefix-caching",), dict(action=argparse.BooleanOptionalAction, default=None,
                                                         help="default: vLLM's for the version (on from V1, for "
                                                              "Mamba / linear-attention hybrids from 0.28)")),
+    ("engine flags", ("--async-scheduling",), dict(action=argparse.BooleanOptionalAction, default=None,
+                                                   help="default: vLLM's for the version (on from 0.14; from 0.26 "
+                                                        "a sliding-window request is sized for two batches in "
+                                                        "flight; vLLM's CPU build runs without)")),
     ("engine flags", ("--enforce-eager",), dict(action="store_true", help="no CUDA graphs: no graph memory, "
                                                 "and a step waits on the host launching its kernels")),
     ("engine flags", ("--max-model-len",), dict(type=lambda t: _flag_value(vllm_args.max_model_len, t), metavar="N",
@@ -280,7 +284,8 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         num_gpu_blocks_override=getattr(args, "num_gpu_blocks_override", None),
         enforce_eager=bool(getattr(args, "enforce_eager", False)),
         enable_chunked_prefill=getattr(args, "enable_chunked_prefill", None),
-        enable_prefix_caching=getattr(args, "enable_prefix_caching", None))
+        enable_prefix_caching=getattr(args, "enable_prefix_caching", None),
+        async_scheduling=getattr(args, "async_scheduling", None))
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -340,6 +345,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "block_size": setup.block_size, "kv_cache_memory_bytes": setup.kv_cache_memory_bytes,
             "num_gpu_blocks_override": setup.num_gpu_blocks_override, "enforce_eager": setup.enforce_eager,
             "enable_prefix_caching": setup.enable_prefix_caching,
+            "async_scheduling": setup.async_scheduling,
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
         },
         "kv_cache": {

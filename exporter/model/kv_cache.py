@@ -141,9 +141,9 @@ def _max_tokens_per_layer(setup: Setup, kind: str) -> int:
     `max_memory_usage_bytes` / page, in tokens, before block rounding)."""
     m, L = setup.model, setup.max_model_len
     if kind == SLIDING and m.sliding_window:
-        return min(m.sliding_window - 1 + setup.max_num_batched_tokens, L)
+        return min(m.sliding_window - 1 + setup.max_in_flight_tokens, L)
     if kind == CHUNKED and m.attention_chunk_size:
-        return min(m.attention_chunk_size + setup.max_num_batched_tokens, L)
+        return min(m.attention_chunk_size + setup.max_in_flight_tokens, L)
     return L
 
 

@@ -20,23 +20,37 @@ from exporter.model.gpus import GPU, resolve_gpu
 V1_DEFAULT = (0, 8, 0)          # V1 engine on by default; before: V0, logs "# GPU blocks"
 BATCH_DEFAULTS_BY_GPU = (0, 9, 0)  # get_batch_defaults: 8192/1024 on >=70 GiB non-A100 GPUs (vllm PR #17885, May 2025)
 SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR #205 blog)
-UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vllm PR #38284) [release unverified]
+UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vllm PR #38284; config/cache.py of 0.20.0)
 KV_FROM_CHECKPOINT = (0, 13, 0)  # `--kv-cache-dtype auto` follows the checkpoint's KV scheme (vllm PR #29980, merged Dec 2025) [release inferred from the merge date]
-CUDAGRAPH_ESTIMATE = (0, 21, 0)  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default (vllm PR #41099)
+# the CUDA-graph memory estimate subtracted from the pool: measured from 0.18.0 but applied only under
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default from 0.20.0 (envs.py; vllm PR #41099)
+CUDAGRAPH_ESTIMATE = (0, 20, 0)
 KV_CACHE_MEMORY_BYTES = (0, 10, 2)  # --kv-cache-memory-bytes (vllm PR #21489): absent from 0.10.1's cache_config_info (sim/eras.py)
 # Nemotron-H keeps its Mamba temporal state in the config's `mamba_ssm_cache_dtype` (before: the
-# model dtype; vllm PR #29978, merged Dec 2025 [release inferred from the merge date]), float16 when
-# the config names none, float32 from vllm PR #39032 (merged Apr 2026 [release inferred])
+# model dtype; vllm PR #29978, NemotronHForCausalLMConfig from 0.13.0), float16 when the config
+# names none, float32 from 0.20.0 (vllm PR #39032; models/config.py of each release)
 NEMOTRON_SSM_FROM_CONFIG = (0, 13, 0)
 NEMOTRON_SSM_FLOAT32 = (0, 20, 0)
 # prefix caching on by default for hybrid (Mamba / linear-attention) models, with Mamba cache mode
 # 'align' (vllm PR #50991, merged Aug 2026; in 0.28.0 per vllm-metal PR #651's support matrix)
 HYBRID_PREFIX_CACHING = (0, 28, 0)
 # in 'align' mode a Mamba2 mixer keeps one more block per request, a prefill checkpoint
-# (mamba_mixer2.py get_kv_cache_spec: num_prefill_checkpoint_blocks=1; vllm PR #57329, opened
-# Sep 2026) [release unverified: present in 0.32.0, the release read]
+# (mamba_mixer2.py get_kv_cache_spec: num_prefill_checkpoint_blocks=1; vllm PR #57329): first in
+# 0.32.0 (the field exists from 0.29.0, set by no Mamba2 mixer before 0.32.0)
 MAMBA2_PREFILL_CHECKPOINT = (0, 32, 0)
-TOKENS_FROM_CONCURRENCY = (0, 21, 0)  # "GPU KV cache size" = max_concurrency x max_model_len (PR #40694) [release unverified]
+# "GPU KV cache size" = max_concurrency x max_model_len (vllm PR #40694; _report_kv_cache_config
+# of 0.20.1; 0.20.0 still logs num_blocks // groups x block_size)
+TOKENS_FROM_CONCURRENCY = (0, 20, 1)
+# the scheduler runs one step ahead of the GPU by default (async scheduling: config/scheduler.py's
+# `async_scheduling` None, resolved on in config/vllm.py, from 0.14.0; the CPU platform turns it
+# off); from 0.26.0 a sliding-window or chunked-local request is sized at startup for the tokens
+# of every batch in flight, not one (`max_in_flight_tokens` = max_concurrent_batches x
+# max_num_batched_tokens in SlidingWindowSpec / ChunkedLocalAttentionSpec; vllm PR #47728)
+ASYNC_SCHEDULING_DEFAULT = (0, 14, 0)
+IN_FLIGHT_WINDOWS = (0, 26, 0)
+# the V2 model runner, default from 0.26.0 for generate models that are neither MoE nor hybrid,
+# keeps pp + 1 batches in flight under async scheduling (the V1 runner pp)
+V2_RUNNER_DEFAULT = (0, 26, 0)
 DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is calibrated on
 # V0 worker before the `memory_profiling` refactor (vllm PR #9352, v0.6.4): non-torch memory was
 # "device used (mem_get_info) - torch allocated" after the profile run, so the CUDA context, NCCL
@@ -92,6 +106,8 @@ class Setup:
     enforce_eager: bool = False      # --enforce-eager: no CUDA graphs (no graph pool; kernels launched one by one)
     # --enable-prefix-caching, as resolved: V1's default, except hybrid models before 0.28
     enable_prefix_caching: bool = True
+    # --[no-]async-scheduling, as resolved: the release's default on a GPU
+    async_scheduling: bool = False
 
     @property
     def moe_ranks(self) -> int:
@@ -136,6 +152,21 @@ class Setup:
         return st.bytes_per_rank(self.tp, conv_bytes=self.dtype_bytes, temporal_bytes=temporal)
 
     @property
+    def max_in_flight_tokens(self) -> int:
+        """Tokens scheduled but not yet settled that a sliding-window or chunked-local request is
+        sized for at startup (`VllmConfig.max_in_flight_tokens`): one batch before 0.26.0; from
+        it, a batch per step in flight: 2 under async scheduling at PP 1, else the pipeline's PP
+        batches (PP + 1 with the V2 runner under async scheduling)."""
+        if self.vllm_version < IN_FLIGHT_WINDOWS:
+            return self.max_num_batched_tokens
+        if self.pp == 1:
+            batches = 2 if self.async_scheduling else 1
+        else:
+            v2 = not self.model.is_moe and self.model.state is None and self.vllm_version >= V2_RUNNER_DEFAULT
+            batches = self.pp + (1 if v2 and self.async_scheduling else 0)
+        return batches * self.max_num_batched_tokens
+
+    @property
     def cudagraph_estimate_subtracted(self) -> bool:
         return self.vllm_version >= CUDAGRAPH_ESTIMATE
 
@@ -155,7 +186,8 @@ class Setup:
                      expert_parallel=self.expert_parallel, kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                      num_gpu_blocks_override=self.num_gpu_blocks_override, enforce_eager=self.enforce_eager,
                      enable_chunked_prefill=self.enable_chunked_prefill,
-                     enable_prefix_caching=self.enable_prefix_caching)
+                     enable_prefix_caching=self.enable_prefix_caching,
+                     async_scheduling=self.async_scheduling)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -168,7 +200,8 @@ class Setup:
               expert_parallel: bool = False, kv_cache_memory_bytes: int | None = None,
               num_gpu_blocks_override: int | None = None, enforce_eager: bool = False,
               enable_chunked_prefill: bool | None = None,
-              enable_prefix_caching: bool | None = None) -> "Setup":
+              enable_prefix_caching: bool | None = None,
+              async_scheduling: bool | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -268,7 +301,9 @@ class Setup:
                    num_gpu_blocks_override=int(num_gpu_blocks_override) if num_gpu_blocks_override else None,
                    enforce_eager=bool(enforce_eager),
                    enable_prefix_caching=(not v0 and (arch.state is None or version >= HYBRID_PREFIX_CACHING))
-                   if enable_prefix_caching is None else bool(enable_prefix_caching))
+                   if enable_prefix_caching is None else bool(enable_prefix_caching),
+                   async_scheduling=version >= ASYNC_SCHEDULING_DEFAULT
+                   if async_scheduling is None else bool(async_scheduling))
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's

@@ -298,7 +298,9 @@ def test_unified_pages_give_the_blocks_and_tokens_real_vllm_logged(name, tmp_pat
     out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", str(tmp_path), "--gpu", "H100",
                           "--vllm-version", KV_LAYOUTS["vllm"].split("+")[0], "--block-size", info["block_size"],
                           *[x for kv in flag.items() for x in kv],
-                          *[f for f in serve if f == "--no-enable-prefix-caching"], "--json"],
+                          *[f for f in serve if f == "--no-enable-prefix-caching"],
+                          "--no-async-scheduling",   # vLLM's CPU platform turns it off (platforms/cpu.py)
+                          "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     kv = json.loads(out.stdout)["kv_cache"]
@@ -322,3 +324,34 @@ def test_prefix_caching_default_by_release():
     assert groups == kv_groups(old) and groups.kinds.count("mamba") == 4   # 23 Mamba2 layers in groups of 6
     assert blocks_per_request(new) == blocks_per_request(old) + 2 * 4
     assert blocks_per_request(new.with_(enable_prefix_caching=False)) == blocks_per_request(old)
+
+
+def test_sliding_windows_are_sized_for_every_batch_in_flight_from_026():
+    """From 0.26 (vllm PR #47728) a sliding-window request is sized at startup for the tokens of
+    every batch in flight (`max_in_flight_tokens`): two under async scheduling, vLLM's GPU default
+    from 0.14, at PP 1; the pipeline's PP batches otherwise, one more on the V2 runner (dense,
+    non-hybrid models from 0.26). The CPU runs of kv-layouts.json were made without it (the CPU
+    platform turns async scheduling off): the sizing they show is one batch."""
+    def sliding_blocks(model, version, **kw):
+        s = Setup.build(model, "H100", tp=kw.pop("tp", 2), max_model_len=131072, max_num_batched_tokens=8192,
+                        vllm_version=version, **kw)
+        groups = kv_groups(s)
+        return s, blocks_per_request(s, groups) - groups.kinds.count("full") * 131072 // s.block_size
+
+    for version, flags, batches in (("0.25.0", {}, 1), ("0.26.0", {}, 2), ("0.32.0", {}, 2),
+                                    ("0.32.0", {"async_scheduling": False}, 1),
+                                    ("0.13.0", {"async_scheduling": None}, 1)):
+        s, blocks = sliding_blocks("openai/gpt-oss-20b", version, **flags)
+        assert s.max_in_flight_tokens == batches * 8192, (version, flags)
+        window = s.model.sliding_window   # 128: a sliding group's blocks hold window - 1 + in flight
+        per_group = blocks // kv_groups(s).kinds.count("sliding")
+        assert per_group == -(-(window - 1 + batches * 8192) // s.block_size) + 1
+    assert not Setup.build("openai/gpt-oss-20b", "H100", vllm_version="0.13.0").async_scheduling
+    # PP 2: the V1 runner (a MoE model) keeps 2 batches in flight, the V2 runner (dense) 3
+    assert Setup.build("openai/gpt-oss-20b", "H100", pp=2, vllm_version="0.32.0").max_in_flight_tokens == 2 * 8192
+    gemma = Setup.build("google/gemma-3-27b-it", "H100", pp=2, vllm_version="0.32.0")
+    assert gemma.max_in_flight_tokens == 3 * gemma.max_num_batched_tokens
+    # fewer requests of the model's full context fit: a 128-token window holds 1,033 blocks, not 521
+    old = kv_capacity(sliding_blocks("openai/gpt-oss-20b", "0.25.0")[0])
+    new = kv_capacity(sliding_blocks("openai/gpt-oss-20b", "0.26.0")[0])
+    assert old.gpu_blocks == new.gpu_blocks and new.max_concurrency < old.max_concurrency
