@@ -217,8 +217,7 @@ class ModelArch:
     @property
     def state_layers(self) -> int:
         """Layers with a Mamba / linear-attention mixer (every layer when they run beside attention)."""
-        return self.num_layers if self.parallel_mixers else \
-            sum(1 for t in self.layer_types if t in (MAMBA, LINEAR))
+        return sum(1 for i in range(self.num_layers) if self.has_mixer(i))
 
     def attention_params_per_layer(self, layer: int | None = None) -> int:
         h = self.hidden_size
@@ -240,6 +239,11 @@ class ModelArch:
     def is_mixer(self, layer: int) -> bool:
         """Layer `layer` is a Mamba / linear-attention mixer (no KV cache, no attention weights)."""
         return bool(self.layer_types) and self.layer_types[layer] in (MAMBA, LINEAR)
+
+    def has_mixer(self, layer: int) -> bool:
+        """Layer `layer` runs a Mamba / linear-attention mixer: in place of attention, or beside it
+        (`parallel_mixers`)."""
+        return self.parallel_mixers or self.is_mixer(layer)
 
     def has_attention(self, layer: int) -> bool:
         """Layer `layer` attends (and so has a KV cache): not a recurrent mixer, not MLP-only."""
@@ -334,7 +338,7 @@ class ModelArch:
         moe = set(self.moe_layers)
         for i in range(self.num_layers):
             other += 2 * self.hidden_size
-            if self.is_mixer(i) or self.parallel_mixers:
+            if self.has_mixer(i):
                 linear += self.mixer_params()
                 other += self.state.other_params if self.state else 0
             if self.has_attention(i):

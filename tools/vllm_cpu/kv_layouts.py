@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))   # the repo: exporter's safetensors header reader
 COMMON = ["--arch", "gemma4", "--layers", "6", "--heads", "4", "--kv-heads", "4", "--head-dim", "32"]
 VARIANTS = {
     # full layers' page is half the sliding layers': the full group's block size doubles
@@ -81,12 +82,9 @@ def cache_info(metrics: str) -> dict[str, str]:
 
 def parameters(model: Path) -> int:
     """Parameters the checkpoint stores (its safetensors headers' tensor shapes)."""
-    total = 0
-    for f in model.glob("*.safetensors"):
-        with f.open("rb") as fh:
-            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-        total += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
-    return total
+    from exporter.model.weights import read_header
+    return sum(math.prod(t["shape"]) for f in model.glob("*.safetensors")
+               for k, t in read_header(f).items() if k != "__metadata__")
 
 
 def run(name: str, flags: list[str], port: int) -> dict:
