@@ -82,13 +82,14 @@ class RecurrentState:
     groups: int = 0             # Mamba2 n_groups
     group_channels: int = 0     # conv channels per group (2 x d_state: B and C)
     conv_bytes: int = 2         # the conv state's dtype (the model's)
-    temporal_bytes: int = 2     # the temporal state's (the model's; Nemotron-H's as it names it)
+    temporal_bytes: int = 2     # the temporal state's (the model's; Nemotron-H's, Qwen3.5's as it names it)
     proj_params: int = 0        # the mixer's linear parameters (0: not derived)
     # the mixer's other parameters, kept in the model dtype: conv weights and biases, A, D, dt
     # biases, its norm
     other_params: int = 0
-    # Nemotron-H: vLLM takes the temporal state's dtype from the config (a dtype name) or, when
-    # it names none, a default of the release (True); see setup.NEMOTRON_SSM_FROM_CONFIG
+    # Nemotron-H and Qwen3.5: vLLM takes the temporal state's dtype from the config (a dtype
+    # name) or, for Nemotron-H when it names none, a default of the release (True); see
+    # setup.NEMOTRON_SSM_FROM_CONFIG
     ssm_dtype_from_config: str | bool = False
 
     def bytes_per_rank(self, tp: int = 1, *, conv_bytes: int | None = None,
@@ -501,6 +502,12 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
             return tuple(CHUNKED if use_rope else FULL for use_rope in cfg["no_rope_layers"])
         every = int(cfg.get("no_rope_layer_interval") or 4)
         return tuple(FULL if (i + 1) % every == 0 else CHUNKED for i in range(n))
+    if model_type in GDN_TYPES:
+        # Qwen3-Next / Qwen3.5 without layer_types: the config class fills them in, one full
+        # attention layer every full_attention_interval (default 4), gated delta nets between
+        # (transformers' configuration_qwen3_next.py / _qwen3_5.py, vLLM's configs/qwen3_5.py)
+        every = int(cfg.get("full_attention_interval") or 4)
+        return tuple(FULL if (i + 1) % every == 0 else LINEAR for i in range(n))
     if isinstance(cfg.get("attn_layer_indices"), list) or isinstance(cfg.get("attn_layer_period"), int):
         # Jamba-style hybrids: attention only at listed/periodic layers, Mamba elsewhere
         if isinstance(cfg.get("attn_layer_indices"), list):
@@ -520,6 +527,11 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
             cfg.get("use_sliding_window", True) and int(window) < int(cfg.get("max_position_embeddings") or 0):
         return (SLIDING,) * n
     return (FULL,) * n
+
+
+# gated-delta-net hybrids whose config derives layer_types from full_attention_interval
+QWEN35_TYPES = frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
+GDN_TYPES = QWEN35_TYPES | {"qwen3_next"}
 
 
 # Granite MoE configs: experts intermediate_size wide, a shared MLP of shared_intermediate_size beside
@@ -592,9 +604,16 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
         # bias per value head, the norm over a value head
         proj = hidden * (2 * kh * kd + 2 * vh * vd + 2 * vh) + vh * vd * hidden
         other = (2 * kh * kd + vh * vd) * conv_k + 2 * vh + vd
+        # Qwen3.5 keeps the delta-rule state in the config's mamba_ssm_dtype (float32 in its
+        # public checkpoints): Qwen3_5ForConditionalGenerationConfig in vLLM's
+        # model_executor/models/config.py, present from 0.17.0, the first release with Qwen3.5.
+        # Qwen3-Next has no such hook: its state is in the model dtype.
+        named = cfg.get("mamba_ssm_dtype") if model_type in QWEN35_TYPES else None
         return RecurrentState(conv_channels=2 * kh * kd + vh * vd, conv_width=conv_k - 1,
-                              temporal=vh * kd * vd, conv_bytes=dtype_bytes, temporal_bytes=dtype_bytes,
-                              proj_params=proj, other_params=other)
+                              temporal=vh * kd * vd, conv_bytes=dtype_bytes,
+                              temporal_bytes=DTYPE_BYTES.get(str(named), dtype_bytes) if named else dtype_bytes,
+                              proj_params=proj, other_params=other,
+                              ssm_dtype_from_config=str(named) if named else False)
     return None
 
 
@@ -684,6 +703,7 @@ KNOWN_MODEL_TYPES = frozenset({
     "llava", "llava_next", "mllama", "idefics3", "internvl_chat", "cohere", "cohere2", "exaone",
     "ernie4_5", "ernie4_5_moe", "hunyuan", "dbrx", "stablelm", "mpt", "bloom", "gptj",
     "gemma4", "gemma4_text", "mimo_v2_flash", "granitemoeshared", "granitemoehybrid", "falcon_h1",
+    "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
 })
 
 
@@ -953,7 +973,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
         mixer_only_layers=mixer_only, moe_latent_size=latent,
         parallel_mixers=parallel,
-        attn_output_gate=bool(cfg.get("attn_output_gate", model_type == "qwen3_next")),
+        attn_output_gate=bool(cfg.get("attn_output_gate", model_type in GDN_TYPES)),
         state=_recurrent_state(cfg, types + ((MAMBA,) if parallel else ()), hidden, model_type,
                                DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary,
         num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,

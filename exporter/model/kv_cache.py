@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from exporter.errors import InputError
 from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA, MAMBA1_TYPES,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
-from exporter.model.setup import (DEVICE_WIDE_NON_TORCH_BEFORE, MAMBA2_PREFILL_CHECKPOINT, SMALL_SAMPLER,
+from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
+                                   MAMBA2_PREFILL_CHECKPOINT, SMALL_SAMPLER, STATE_ALIGN_TO_BLOCK,
                                    TOKENS_FROM_CONCURRENCY, Setup)
 
 GIB = 1024**3
@@ -181,7 +182,8 @@ def kv_groups(setup: Setup) -> _Groups:
         # rank's: vLLM splits the state's channels and heads over TP like the KV heads)
         state = setup.state_bytes()
         if state > page:
-            bs = math.ceil(state / widest / 16) * 16
+            align = _state_block_alignment(setup)
+            bs = align * math.ceil(state / (align * widest))
             page = bs * widest
     raised = tuple((t, bs * (widest // b)) for t, b in per_token.items() if b < widest and widest % b == 0)
     if len(counts) == 1:
@@ -192,6 +194,17 @@ def kv_groups(setup: Setup) -> _Groups:
     for kind, n in counts.items():
         kinds += [kind] * math.ceil(n / g)
     return _Groups(page, g, tuple(kinds), bs, raised)
+
+
+def _state_block_alignment(setup: Setup) -> int:
+    """Tokens the attention block is a multiple of when vLLM raises it to cover a recurrent-state
+    page (`update_block_size_for_backend`; see setup.STATE_ALIGN_TO_BLOCK)."""
+    if setup.vllm_version >= STATE_ALIGN_TO_BLOCK:
+        return max(16, setup.block_size)
+    if (setup.vllm_version < BLACKWELL_HD256_ALIGN_UNTIL and setup.model.head_dim == 256
+            and setup.gpu.compute_capability.startswith("10.")):
+        return 32
+    return 16
 
 
 # ---- non-KV memory --------------------------------------------------------------------------

