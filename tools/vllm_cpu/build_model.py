@@ -135,6 +135,15 @@ ARCHS = {
         linear_conv_kernel_dim=4, full_attention_interval=4, num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=64, shared_expert_intermediate_size=64, decoder_sparse_step=1,
         tie_word_embeddings=False)),
+    # Qwen3.5 (dense): the same layer pattern, its delta-rule state kept in the config's
+    # mamba_ssm_dtype (float32, as in the public checkpoints); heads of 64 make the float32 state
+    # (68,608 B) outgrow a 128-token attention page of 2 x 64 heads (65,536 B), which a bfloat16
+    # one (35,840 B) would not
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, head_dim=a.head_dim, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+        linear_conv_kernel_dim=4, full_attention_interval=4, mamba_ssm_dtype="float32",
+        tie_word_embeddings=False)),
     # Mamba2, attention and MLP blocks (pattern M*M-)
     "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", lambda a: dict(
         intermediate_size=a.hidden * 2, num_hidden_layers=4, hybrid_override_pattern="M*M-",

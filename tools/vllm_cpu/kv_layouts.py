@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -49,6 +50,7 @@ VARIANTS = {
     # hybrids: recurrent-state pages padded to the attention page; with prefix caching (0.32's
     # default for them) Mamba cache mode 'align' keeps more than one state block per request
     "qwen3-next": ["--arch", "qwen3_next", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64"],
+    "qwen3.5": ["--arch", "qwen3_5", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64"],
     "nemotron-h": ["--arch", "nemotron_h", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
     "nemotron-h-no-prefix-caching": ["--arch", "nemotron_h", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
     # one attention shape: sliding and full layers grouped 5:1 (Gemma 3), Mamba1 beside attention (Jamba)
@@ -87,14 +89,24 @@ def parameters(model: Path) -> int:
                for k, t in read_header(f).items() if k != "__metadata__")
 
 
+def _env() -> dict[str, str]:
+    """The environment for the build and the server: vLLM 0.32's qwen3_5.py imports the Qwen-VL
+    image processor, which imports torchvision, and PyPI's (CUDA) torchvision cannot load beside
+    the CPU torch; stubs/torchvision is an import-only stand-in (a text model never calls it)."""
+    stubs = str(HERE / "stubs")
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": f"{stubs}{os.pathsep}{path}" if path else stubs}
+
+
 def run(name: str, flags: list[str], port: int) -> dict:
     model = Path(f"tiny-gemma4-{name}" if len(name) == 1 else f"tiny-{name}")
     serve = [*SERVE, *EXTRA_SERVE.get(name, [])]
-    subprocess.run([sys.executable, str(HERE / "build_model.py"), str(model), *flags], check=True)
+    env = _env()
+    subprocess.run([sys.executable, str(HERE / "build_model.py"), str(model), *flags], check=True, env=env)
     log, prom = Path(f"{model}.log"), f"{model}-idle.prom"
     subprocess.run([sys.executable, str(HERE / "capture.py"), "--model-dir", str(model),
                     "--served-model-name", model.name, "--port", str(port), "--out-dir", ".",
-                    "--log", str(log), "--idle", prom, "--", *serve], check=True, timeout=900)
+                    "--log", str(log), "--idle", prom, "--", *serve], check=True, timeout=900, env=env)
     lines = [re.sub(r"^.*?\] ", "", ln.strip()) for ln in log.read_text(errors="replace").splitlines()
              if KV_LINE.search(ln)]
     return {"build": ["build_model.py", "DIR", *flags], "serve": ["vllm", "serve", "DIR", *serve],
