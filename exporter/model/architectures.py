@@ -142,6 +142,11 @@ class ModelArch:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     q_lora_rank: int = 0
+    # DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2, GLM-5: configs with
+    # index_topk): per MLA layer a cache of one fp8 key of indexer_head_dim per token beside the
+    # latent, and its own projections (deepseek_v2.py Indexer)
+    indexer_head_dim: int = 0
+    indexer_heads: int = 0
     # per-layer attention kind (FULL, SLIDING, CHUNKED, MAMBA, LINEAR, FFN), length num_layers
     layer_types: tuple[str, ...] = ()
     sliding_window: int = 0
@@ -228,7 +233,7 @@ class ModelArch:
                  if self.q_lora_rank else h * self.num_heads * qk)
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * self.num_heads * (
                 self.qk_nope_head_dim + self.v_head_dim)
-            return q + kv + self.num_heads * self.v_head_dim * h
+            return q + kv + self.num_heads * self.v_head_dim * h + self.indexer_params()
         kind = self.layer_types[layer] if layer is not None and self.layer_types else FULL
         shape = self.kv_shape(kind)
         q = h * self.num_heads * shape.head_dim * (2 if self.attn_output_gate else 1)
@@ -236,6 +241,14 @@ class ModelArch:
         if layer is not None and layer >= self.num_layers - self.kv_shared_layers:
             kv = 0    # a KV-shared layer has q_proj alone (gemma4.py), its K and V are another layer's
         return q + kv + self.num_heads * shape.v_head_dim * h
+
+    def indexer_params(self) -> int:
+        """One layer's lightning-indexer weights: wq_b (q LoRA rank -> heads x head_dim), wk and
+        weights_proj (hidden -> head_dim + heads), k_norm (a LayerNorm); all replicated."""
+        if not self.indexer_head_dim:
+            return 0
+        d, n = self.indexer_head_dim, self.indexer_heads
+        return self.q_lora_rank * n * d + self.hidden_size * (d + n) + 2 * d
 
     def is_mixer(self, layer: int) -> bool:
         """Layer `layer` is a Mamba / linear-attention mixer (no KV cache, no attention weights)."""
@@ -280,7 +293,7 @@ class ModelArch:
         if self.attention != "mla":
             return latent
         per_layer = self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
-        return per_layer * self.attention_layers + latent
+        return (per_layer + self.indexer_params()) * self.attention_layers + latent
 
     @property
     def _mlp_matrices(self) -> int:
@@ -703,7 +716,7 @@ KNOWN_MODEL_TYPES = frozenset({
     "llava", "llava_next", "mllama", "idefics3", "internvl_chat", "cohere", "cohere2", "exaone",
     "ernie4_5", "ernie4_5_moe", "hunyuan", "dbrx", "stablelm", "mpt", "bloom", "gptj",
     "gemma4", "gemma4_text", "mimo_v2_flash", "granitemoeshared", "granitemoehybrid", "falcon_h1",
-    "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v32",
 })
 
 
@@ -968,6 +981,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
         v_head_dim=int(cfg.get("v_head_dim") or 0),
         q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        indexer_head_dim=int(cfg.get("index_head_dim") or 128) if mla and cfg.get("index_topk") else 0,
+        indexer_heads=int(cfg.get("index_n_heads") or 64) if mla and cfg.get("index_topk") else 0,
         layer_types=types, kind_shapes=shapes, kv_shared_layers=kv_shared,
         sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,

@@ -118,9 +118,13 @@ def token_bytes_per_layer(setup: Setup, kind: str = FULL) -> int:
     """KV bytes one token occupies in one attention layer of `kind` on one GPU."""
     m, b = setup.model, setup.kv_dtype_bytes
     if m.attention == "mla":
+        # one latent, replicated on every rank; with DeepSeek sparse attention the indexer's key
+        # beside it in the same group (UniformTypeKVCacheSpecs: the pages of a layer's two caches
+        # are summed): head_dim fp8 bytes and a float32 scale per 128 (DeepseekV32IndexerCache)
+        indexer = m.indexer_head_dim + m.indexer_head_dim // 128 * 4 if m.indexer_head_dim else 0
         if setup.kv_cache_dtype == "fp8_ds_mla":
-            return 656
-        return (m.kv_lora_rank + m.qk_rope_head_dim) * b  # one latent, replicated on every rank
+            return 656 + indexer
+        return (m.kv_lora_rank + m.qk_rope_head_dim) * b + indexer
     shape = m.kv_shape(kind)
     return kv_heads_per_rank(m, setup.tp, kind) * (shape.head_dim + shape.v_head_dim) * b
 

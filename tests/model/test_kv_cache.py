@@ -45,6 +45,23 @@ def test_mla_is_replicated_not_divided_by_tp():
     assert bytes_per_token(setup("deepseek-ai/DeepSeek-V3", "H200", tp=8, kv_cache_dtype="fp8")) == 61 * 576
 
 
+def test_deepseek_sparse_attention_indexer_cache_beside_the_latent():
+    """DeepSeek-V3.2 adds a lightning indexer to every MLA layer, with a cache of its own: one
+    fp8 key of 128 per token and a float32 scale per 128 (132 B, DeepseekV32IndexerCache). Both
+    are MLA specs that need the same token slots, so vLLM keeps them in one group and sums their
+    pages (UniformTypeKVCacheSpecs): 1,152 + 132 B per token and layer at bf16, 656 + 132 with
+    the fp8_ds_mla layout. DeepSeek-V3, without the indexer, keeps 1,152."""
+    v3, v32 = (setup(m, gpu="H200", tp=8, vllm_version="0.29.0")
+               for m in ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3.2"))
+    assert bytes_per_token(v3) == 61 * (512 + 64) * 2
+    assert bytes_per_token(v32) == 61 * ((512 + 64) * 2 + 128 + 4)
+    assert bytes_per_token(v32.with_(kv_cache_dtype="fp8_ds_mla")) == 61 * (656 + 132)
+    # about the same pool, 10 % fewer tokens; the indexer's projections (0.86B) are on every rank
+    assert 0.88 < kv_capacity(v32).tokens / kv_capacity(v3).tokens < 0.90
+    extra = v32.model.replicated_linear_params() - v3.model.replicated_linear_params()
+    assert extra == 61 * (1536 * 64 * 128 + 7168 * (128 + 64) + 2 * 128)
+
+
 def test_gqa_with_fewer_kv_heads_than_ranks():
     # Qwen3-30B-A3B: 4 KV heads at TP4 -> 1 per rank: 2 x 48 x 1 x 128 x 2 (reference section 1.3)
     assert bytes_per_token(setup("Qwen/Qwen3-30B-A3B", tp=4)) == 24576
