@@ -129,6 +129,7 @@ class TargetSpec(_Strict):
     enforce_eager: bool | None = None   # the server runs --enforce-eager (no CUDA graphs)
     dp: int | None = Field(default=None, ge=1)  # --data-parallel-size (else the engines its /metrics shows)
     expert_parallel: bool | None = None  # --enable-expert-parallel (whole MoE experts per rank)
+    async_scheduling: bool | None = None  # --[no-]async-scheduling (unset: the release's default)
     slo: SLO | None = None
     labels: dict[str, str] = Field(default_factory=dict)  # extra discovery labels, kept as hints
     source: str = "static"

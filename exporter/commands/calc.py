@@ -96,6 +96,11 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                    help="default: vLLM's for the version (on from 0.14; from 0.26 "
                                                         "a sliding-window request is sized for two batches in "
                                                         "flight; vLLM's CPU build runs without)")),
+    ("engine flags", ("--mamba-cache-dtype",), dict(metavar="DTYPE", help="Mamba / linear-attention "
+                                                    "state dtype: auto (the model's), float32, float16, bfloat16")),
+    ("engine flags", ("--mamba-ssm-cache-dtype",), dict(metavar="DTYPE", help="their temporal (SSM) state's "
+                                                        "dtype; default: what the model's config names (Nemotron-H, "
+                                                        "Qwen3.5), else --mamba-cache-dtype's")),
     ("engine flags", ("--enforce-eager",), dict(action="store_true", help="no CUDA graphs: no graph memory, "
                                                 "and a step waits on the host launching its kernels")),
     ("engine flags", ("--max-model-len",), dict(type=lambda t: _flag_value(vllm_args.max_model_len, t), metavar="N",
@@ -285,7 +290,9 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         enforce_eager=bool(getattr(args, "enforce_eager", False)),
         enable_chunked_prefill=getattr(args, "enable_chunked_prefill", None),
         enable_prefix_caching=getattr(args, "enable_prefix_caching", None),
-        async_scheduling=getattr(args, "async_scheduling", None))
+        async_scheduling=getattr(args, "async_scheduling", None),
+        mamba_cache_dtype=getattr(args, "mamba_cache_dtype", None),
+        mamba_ssm_cache_dtype=getattr(args, "mamba_ssm_cache_dtype", None))
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -346,6 +353,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "num_gpu_blocks_override": setup.num_gpu_blocks_override, "enforce_eager": setup.enforce_eager,
             "enable_prefix_caching": setup.enable_prefix_caching,
             "async_scheduling": setup.async_scheduling,
+            "mamba_cache_dtype": setup.mamba_cache_dtype, "mamba_ssm_cache_dtype": setup.mamba_ssm_cache_dtype,
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
         },
         "kv_cache": {

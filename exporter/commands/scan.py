@@ -86,6 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the server's --data-parallel-size (default: the engines its /metrics shows)")
     hints.add_argument("--enable-expert-parallel", dest="expert_parallel", action="store_true",
                        help="the server runs --enable-expert-parallel (whole MoE experts per GPU)")
+    hints.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                       help="the server runs --[no-]async-scheduling (default: the release's, on from 0.14; "
+                            "from 0.26 it sizes sliding-window requests for two batches in flight)")
     hints.add_argument("--ttft-slo", metavar="SECONDS", help="TTFT p99 objective (0.5, 500ms)")
     hints.add_argument("--tpot-slo", metavar="SECONDS", help="TPOT p99 objective (0.05, 50ms)")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per request (URLs)")
@@ -117,7 +120,9 @@ def _read(source: str) -> bytes:
 HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "quantization": "--quantization",
               "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
               "enforce_eager": "--enforce-eager", "dp": "--data-parallel",
-              "expert_parallel": "--enable-expert-parallel"}
+              "expert_parallel": "--enable-expert-parallel", "async_scheduling": "--async-scheduling"}
+# hints whose False is a statement (--no-async-scheduling), not the flag left out
+TRISTATE_HINTS = ("async_scheduling",)
 SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
 
 
@@ -126,7 +131,8 @@ def hinted(args: argparse.Namespace) -> TargetSpec:
     below 1, an unknown quantization, `1.5K` tokens are refused naming the flag); its URL is a
     placeholder each target replaces."""
     data: dict[str, Any] = {k: getattr(args, k) for k in HINT_FLAGS
-                            if getattr(args, k) is not None and getattr(args, k) is not False}
+                            if getattr(args, k) is not None
+                            and (getattr(args, k) is not False or k in TRISTATE_HINTS)}
     slo = {k: getattr(args, flag[2:].replace("-", "_")) for k, flag in SLO_FLAGS.items()}
     if any(v is not None for v in slo.values()):
         data["slo"] = {k: v for k, v in slo.items() if v is not None}

@@ -74,7 +74,9 @@ _SHORT = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "d
 _BOOL_FLAGS = {"enable-prefix-caching": ("enable_prefix_caching", True),
                "no-enable-prefix-caching": ("enable_prefix_caching", False),
                "enforce-eager": ("enforce_eager", True),
-               "enable-expert-parallel": ("expert_parallel", True)}
+               "enable-expert-parallel": ("expert_parallel", True),
+               "async-scheduling": ("async_scheduling", True),
+               "no-async-scheduling": ("async_scheduling", False)}
 # Common flags that take a value but give no hint: their value must not be read as the model.
 _OTHER_VALUE_FLAGS = frozenset((
     "host", "api-key", "download-dir", "chat-template", "tokenizer", "revision", "seed",

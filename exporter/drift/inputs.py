@@ -122,6 +122,8 @@ class DriftInput:
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
     cache_dtype: str | None = None
+    mamba_cache_dtype: str | None = None          # the Mamba / linear-attention state's dtypes
+    mamba_ssm_cache_dtype: str | None = None
     max_model_len: float | None = None
     kv_cache_memory_gib: float | None = None      # kv_cache_memory_bytes label (0.10.2-0.11.0)
     pool_fixed_by: str | None = None              # the flag that set the pool instead of gpu_memory_utilization

@@ -201,7 +201,8 @@ def build_input(ident: Identity, obs: Any, latest: Snapshot, metadata: Metadata 
         itl_mean=_q(getattr(obs, "itl", None) or tpot, "mean"),
         block_size=bs, kv_cache_tokens=tokens,
         gpu_memory_utilization=cc.gpu_memory_utilization, enable_prefix_caching=cc.enable_prefix_caching,
-        cache_dtype=cc.cache_dtype,
+        cache_dtype=cc.cache_dtype, mamba_cache_dtype=cc.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype,
         max_model_len=mml, kv_cache_memory_gib=(kv_mem / 2**30 if kv_mem else None),
         pool_fixed_by=("--num-gpu-blocks-override" if cc.num_gpu_blocks_override else
                        "--kv-cache-memory-bytes" if kv_mem else None),

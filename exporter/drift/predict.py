@@ -113,6 +113,7 @@ class Identity:
     enforce_eager: bool = False         # the server runs --enforce-eager (no CUDA graphs)
     dp: int | None = None               # --data-parallel-size hint (else the engines the metrics show)
     expert_parallel: bool = False       # --enable-expert-parallel: whole experts per rank
+    async_scheduling: bool | None = None  # --[no-]async-scheduling (None: the release's default)
 
     @property
     def gpu(self) -> str | None:
@@ -142,12 +143,69 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                     max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
                     device_hint=hint("gpu") or None,
                     enforce_eager=_flag(hint("enforce_eager")), dp=hint_int("dp"),
-                    expert_parallel=_flag(hint("expert_parallel")))
+                    expert_parallel=_flag(hint("expert_parallel")),
+                    # False is a statement here (--no-async-scheduling), not an absent hint
+                    async_scheduling=_tristate(spec.async_scheduling if spec.async_scheduling is not None
+                                               else labels.get("async_scheduling")))
 
 
 def _flag(value: Any) -> bool:
     """A boolean hint as a label carries it."""
     return str(value or "").strip().lower() in ("true", "1", "yes")
+
+
+def _tristate(value: Any) -> bool | None:
+    """A boolean hint that may be absent (None: vLLM's default for the release)."""
+    s = str(value if value is not None else "").strip().lower()
+    return True if s in ("true", "1", "yes") else False if s in ("false", "0", "no") else None
+
+
+@dataclass(frozen=True)
+class ServerFlags:
+    """The engine flags a server runs with, as far as the daemon knows them: its hints (config,
+    file_sd labels, pod arguments, scan flags) and what its `cache_config_info` reports. None: vLLM's
+    default for the release. Hashable, so the calculator's caches key on it."""
+
+    tp: int = 1
+    pp: int = 1
+    quantization: str | None = None
+    kv_dtype: str = "auto"
+    util: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    mnbt: int | None = None
+    block_size: int | None = None
+    version: Version | None = None
+    enforce_eager: bool = False
+    dp: int = 1
+    ep: bool = False
+    prefix_caching: bool | None = None
+    async_scheduling: bool | None = None
+    mamba_cache_dtype: str | None = None
+    mamba_ssm_cache_dtype: str | None = None
+
+    def build(self, model: ModelArch, gpu: GPU) -> Setup:
+        return Setup.build(model, gpu, tp=self.tp, pp=self.pp, quantization=self.quantization,
+                           kv_cache_dtype=self.kv_dtype, gpu_memory_utilization=self.util,
+                           max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                           max_num_batched_tokens=self.mnbt, block_size=self.block_size,
+                           vllm_version=self.version, enforce_eager=self.enforce_eager, dp=self.dp,
+                           expert_parallel=self.ep, enable_prefix_caching=self.prefix_caching,
+                           async_scheduling=self.async_scheduling, mamba_cache_dtype=self.mamba_cache_dtype,
+                           mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype)
+
+
+def server_flags(ident: Identity, x: DriftInput, vllm_version: str | None) -> ServerFlags:
+    """The flags of this target: its identity's hints and what its metrics report."""
+    return ServerFlags(tp=int(ident.tp), pp=int(ident.pp), quantization=ident.quantization,
+                       kv_dtype=_kv_dtype(x.cache_dtype), util=x.gpu_memory_utilization,
+                       max_model_len=int(x.max_model_len) if x.max_model_len else None,
+                       max_num_seqs=x.max_num_seqs, mnbt=x.max_num_batched_tokens,
+                       block_size=int(x.block_size) if x.block_size else None,
+                       version=read_version(vllm_version), enforce_eager=ident.enforce_eager, dp=int(x.dp),
+                       ep=ident.expert_parallel, prefix_caching=x.enable_prefix_caching,
+                       async_scheduling=ident.async_scheduling, mamba_cache_dtype=x.mamba_cache_dtype,
+                       mamba_ssm_cache_dtype=x.mamba_ssm_cache_dtype)
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
@@ -167,17 +225,13 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                "output_p99": x.output_p99, "arrival_rps": x.arrival_rps,
                "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
                "spec_k": x.spec_k}
-    return predict(described(ident, x, vllm_version), tp=ident.tp, pp=ident.pp, quantization=ident.quantization,
-                   cache_dtype=x.cache_dtype, gpu_memory_utilization=x.gpu_memory_utilization,
-                   max_model_len=x.max_model_len, max_num_seqs=x.max_num_seqs,
-                   max_num_batched_tokens=x.max_num_batched_tokens, block_size=x.block_size,
-                   vllm_version=vllm_version, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s}, prices=prices,
-                   traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
-                   # a pool given by --kv-cache-memory-bytes / --num-gpu-blocks-override says
-                   # nothing about the GPU behind it
-                   observed_kv_tokens=None if x.pool_fixed_by else x.kv_cache_tokens,
-                   calibration=calibration, enforce_eager=ident.enforce_eager, dp=x.dp,
-                   expert_parallel=ident.expert_parallel, prefix_caching=x.enable_prefix_caching)
+    flags = server_flags(ident, x, vllm_version)
+    return predict_with(described(ident, x, vllm_version), flags, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s},
+                        prices=prices, traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
+                        # a pool given by --kv-cache-memory-bytes / --num-gpu-blocks-override says
+                        # nothing about the GPU behind it
+                        observed_kv_tokens=None if x.pool_fixed_by else x.kv_cache_tokens,
+                        calibration=calibration)
 
 
 def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resolved:
@@ -187,11 +241,8 @@ def described(ident: Identity, x: DriftInput, vllm_version: str | None) -> Resol
     hint = ident.device_hint
     if (res.gpu is None and res.model is not None and hint and x.kv_cache_tokens and not non_gpu_kind(hint)
             and not x.observation_only):
-        gpu = _described_gpu(res.model, int(ident.tp), int(ident.pp), ident.quantization, _kv_dtype(x.cache_dtype),
-                             x.gpu_memory_utilization, int(x.max_model_len) if x.max_model_len else None,
-                             x.max_num_seqs, x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
-                             read_version(vllm_version), float(f"{x.kv_cache_tokens:.4g}"), hint,
-                             ident.enforce_eager, x.dp, ident.expert_parallel, x.enable_prefix_caching)
+        gpu = _described_gpu(res.model, server_flags(ident, x, vllm_version), float(f"{x.kv_cache_tokens:.4g}"),
+                             hint)
         if gpu is not None:
             res = replace(res, gpu=gpu, notes=res.notes + (
                 f"{hint!r} has no catalog row: described as a generic {gpu.memory_gib:.0f} GiB device (memory "
@@ -209,12 +260,7 @@ def setup_for(ident: Identity, x: DriftInput, vllm_version: str | None) -> Setup
     if res.model is None or res.gpu is None:
         return None
     try:
-        return _setup(res.model, res.gpu, int(ident.tp), int(ident.pp), ident.quantization,
-                      _kv_dtype(x.cache_dtype), x.gpu_memory_utilization,
-                      int(x.max_model_len) if x.max_model_len else None, x.max_num_seqs,
-                      x.max_num_batched_tokens, int(x.block_size) if x.block_size else None,
-                      read_version(vllm_version), ident.enforce_eager, x.dp, ident.expert_parallel,
-                      x.enable_prefix_caching)
+        return _setup(res.model, res.gpu, server_flags(ident, x, vllm_version))
     except InputError:
         return None
 
@@ -232,15 +278,8 @@ def _rounded(traffic: dict[str, float | None]) -> dict[str, float | None]:
 
 
 @lru_cache(maxsize=512)
-def _setup(model: ModelArch, gpu: GPU, tp: int, pp: int, quantization: str | None, kv_dtype: str,
-           util: float | None, max_model_len: int | None, max_num_seqs: int | None,
-           mnbt: int | None, block_size: int | None, version: tuple | None, enforce_eager: bool = False,
-           dp: int = 1, ep: bool = False, prefix_caching: bool | None = None):
-    return Setup.build(model, gpu, tp=tp, pp=pp, quantization=quantization, kv_cache_dtype=kv_dtype,
-                       gpu_memory_utilization=util, max_model_len=max_model_len,
-                       max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
-                       block_size=block_size, vllm_version=version, enforce_eager=enforce_eager,
-                       dp=dp, expert_parallel=ep, enable_prefix_caching=prefix_caching)
+def _setup(model: ModelArch, gpu: GPU, flags: ServerFlags) -> Setup:
+    return flags.build(model, gpu)
 
 
 def _kv_dtype(cache_dtype: str | None) -> str:
@@ -255,7 +294,25 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
             slo: Mapping[str, float | None], prices: Mapping[str, float],
             observed_kv_tokens: float | None = None,
             calibration: perf.Calibration | None = None, enforce_eager: bool = False, dp: int = 1,
-            expert_parallel: bool = False, prefix_caching: bool | None = None) -> Prediction:
+            expert_parallel: bool = False, prefix_caching: bool | None = None,
+            async_scheduling: bool | None = None, mamba_cache_dtype: str | None = None,
+            mamba_ssm_cache_dtype: str | None = None) -> Prediction:
+    """`predict_with`, the flags given one by one."""
+    flags = ServerFlags(tp=int(tp), pp=int(pp), quantization=quantization, kv_dtype=_kv_dtype(cache_dtype),
+                        util=gpu_memory_utilization, max_model_len=int(max_model_len) if max_model_len else None,
+                        max_num_seqs=max_num_seqs, mnbt=max_num_batched_tokens,
+                        block_size=int(block_size) if block_size else None, version=read_version(vllm_version),
+                        enforce_eager=enforce_eager, dp=int(dp), ep=bool(expert_parallel),
+                        prefix_caching=prefix_caching, async_scheduling=async_scheduling,
+                        mamba_cache_dtype=mamba_cache_dtype, mamba_ssm_cache_dtype=mamba_ssm_cache_dtype)
+    return predict_with(res, flags, traffic=traffic, slo=slo, prices=prices,
+                        observed_kv_tokens=observed_kv_tokens, calibration=calibration)
+
+
+def predict_with(res: Resolved, flags: ServerFlags, *, traffic: Mapping[str, float | None],
+                 slo: Mapping[str, float | None], prices: Mapping[str, float],
+                 observed_kv_tokens: float | None = None,
+                 calibration: perf.Calibration | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note.
 
@@ -266,11 +323,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
         return Prediction(notes=tuple(notes))
 
     try:
-        setup = _setup(res.model, res.gpu, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
-                       gpu_memory_utilization, int(max_model_len) if max_model_len else None,
-                       max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
-                       read_version(vllm_version), enforce_eager, int(dp), bool(expert_parallel),
-                       prefix_caching)
+        setup = _setup(res.model, res.gpu, flags)
         cap = _pool(setup)
     except InputError as exc:
         notes.append(f"calculator: {exc}")
@@ -279,13 +332,11 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
         ratio = observed_kv_tokens / cap.tokens
         off_gib = abs(observed_kv_tokens - cap.tokens) * cap.pool_bytes_per_token / GIB
         if off_gib > MISMATCH_SHARE * setup.gpu_memory_gib:
-            likely = _likely_gpu(res.model, int(tp), int(pp), quantization, _kv_dtype(cache_dtype),
-                                 gpu_memory_utilization, int(max_model_len) if max_model_len else None,
-                                 max_num_seqs, max_num_batched_tokens, int(block_size) if block_size else None,
-                                 read_version(vllm_version), float(f"{observed_kv_tokens:.3g}"), res.gpu.name,
-                                 int(dp), bool(expert_parallel), prefix_caching)
+            # the probe of other devices never runs eager: a graph pool belongs to every GPU
+            likely = _likely_gpu(res.model, replace(flags, enforce_eager=False),
+                                 float(f"{observed_kv_tokens:.3g}"), res.gpu.name)
             notes.append(f"the server's KV pool ({observed_kv_tokens:,.0f} tokens) is {ratio:.2f}x what "
-                         f"{res.gpu.name} x{tp} would hold for this model ({off_gib:.1f} GiB per GPU apart): "
+                         f"{res.gpu.name} x{flags.tp} would hold for this model ({off_gib:.1f} GiB per GPU apart): "
                          f"the GPU hint looks wrong" + (f" (the pool fits {' or '.join(likely)})" if likely else "")
                          + "; nothing is scored from the hinted hardware")
             return Prediction(hint_mismatch=(likely, round(ratio, 4)), hinted_gpu=res.gpu.name,
@@ -296,7 +347,7 @@ def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_
     pred: dict[str, Any] = dict(kv_cache_tokens=float(cap.tokens), kv_bytes_per_token=float(cap.bytes_per_token),
                                 kv_cache_gib=cap.memory.kv_cache_gib, gpu_memory_gib=setup.gpu_memory_gib,
                                 fp8_kv_supported=fp8, current_cost_per_hour=cost,
-                                default_max_num_seqs=None if max_num_seqs else setup.max_num_seqs)
+                                default_max_num_seqs=None if flags.max_num_seqs else setup.max_num_seqs)
     pred.update(_performance(setup, traffic, slo, prices, notes, calibration))
     if res.gpu.unprofiled:
         pred["basis"] = "unprofiled"
@@ -319,11 +370,7 @@ def _pool(setup: Setup):
 
 
 @lru_cache(maxsize=256)
-def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
-                   util: float | None, max_model_len: int | None, max_num_seqs: int | None, mnbt: int | None,
-                   block_size: int | None, version: Version | None, observed: float, name: str,
-                   enforce_eager: bool = False, dp: int = 1, ep: bool = False,
-                   prefix_caching: bool | None = None) -> GPU | None:
+def _described_gpu(model: ModelArch, flags: ServerFlags, observed: float, name: str) -> GPU | None:
     """A generic device whose memory makes this model's predicted pool the observed one: what the
     model needs beside the pool (weights, activations, graphs), probed on a large device with the
     server's own flags, plus the observed tokens at the probe's pool bytes per token (which the
@@ -332,8 +379,7 @@ def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None,
     try:
         for probe_gib in (80.0, 640.0):      # a model too large for the first probe leaves it no pool
             probe = generic_gpu(probe_gib, name=name)
-            setup = _setup(model, probe, tp, pp, quantization, kv_dtype, util, max_model_len, max_num_seqs, mnbt,
-                           block_size, version, enforce_eager, dp, ep, prefix_caching)
+            setup = _setup(model, probe, flags)
             cap = kv_capacity(setup, check_fits=False)
             if cap.tokens > 0:
                 break
@@ -348,11 +394,7 @@ def _described_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None,
 
 
 @lru_cache(maxsize=256)
-def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv_dtype: str,
-                util: float | None, max_model_len: int | None, max_num_seqs: int | None, mnbt: int | None,
-                block_size: int | None, version: Version | None, observed: float,
-                hinted: str, dp: int = 1, ep: bool = False,
-                prefix_caching: bool | None = None) -> tuple[str, ...]:
+def _likely_gpu(model: ModelArch, flags: ServerFlags, observed: float, hinted: str) -> tuple[str, ...]:
     """The catalog GPUs whose predicted pool for this model is closest to the observed one (within
     10% of their memory), best first; cards of one memory class (L4, A30, RTX 4090) hold alike
     pools, so all of them within 3 points of the best are named."""
@@ -362,8 +404,7 @@ def _likely_gpu(model: ModelArch, tp: int, pp: int, quantization: str | None, kv
             continue
         gpu = find_gpu(name)
         try:
-            setup = _setup(model, gpu, tp, pp, quantization, kv_dtype, util, max_model_len, max_num_seqs,
-                           mnbt, block_size, version, dp=dp, ep=ep, prefix_caching=prefix_caching)
+            setup = _setup(model, gpu, flags)
             cap = kv_capacity(setup, check_fits=False)
         except (InputError, ArithmeticError, ValueError, TypeError):
             continue

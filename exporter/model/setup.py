@@ -69,6 +69,7 @@ DEVICE_WIDE_NON_TORCH_BEFORE = (0, 6, 4)
 _DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
            "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
            "float": "float32"}
+MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")   # vLLM's MambaDType (bfloat16 from 0.22.0)
 _KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8_inc": "fp8",
               "fp8_ds_mla": "fp8_ds_mla", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -115,6 +116,11 @@ class Setup:
     enable_prefix_caching: bool = True
     # --[no-]async-scheduling, as resolved: the release's default on a GPU
     async_scheduling: bool = False
+    # --mamba-cache-dtype / --mamba-ssm-cache-dtype: the recurrent state's conv and temporal
+    # dtypes ("auto": the model dtype, and for the temporal state what the model's config hook
+    # names, Nemotron-H's and Qwen3.5's; see state_bytes)
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
 
     @property
     def moe_ranks(self) -> int:
@@ -151,12 +157,18 @@ class Setup:
         st = self.model.state
         if st is None:
             return 0
-        temporal = self.dtype_bytes
-        if st.ssm_dtype_from_config and self.vllm_version >= NEMOTRON_SSM_FROM_CONFIG:
+        # vLLM's _mamba_state_dtype: the conv state in mamba_cache_dtype (auto: the model's), the
+        # temporal state in mamba_ssm_cache_dtype, which a model's config hook fills in when it
+        # is auto (Nemotron-H, Qwen3.5), else the conv state's
+        conv = self.dtype_bytes if self.mamba_cache_dtype == "auto" else DTYPE_BYTES[self.mamba_cache_dtype]
+        temporal = conv
+        if self.mamba_ssm_cache_dtype != "auto":
+            temporal = DTYPE_BYTES[self.mamba_ssm_cache_dtype]
+        elif st.ssm_dtype_from_config and self.vllm_version >= NEMOTRON_SSM_FROM_CONFIG:
             name = st.ssm_dtype_from_config if isinstance(st.ssm_dtype_from_config, str) else (
                 "float32" if self.vllm_version >= NEMOTRON_SSM_FLOAT32 else "float16")
             temporal = DTYPE_BYTES.get(name, 4)
-        return st.bytes_per_rank(self.tp, conv_bytes=self.dtype_bytes, temporal_bytes=temporal)
+        return st.bytes_per_rank(self.tp, conv_bytes=conv, temporal_bytes=temporal)
 
     @property
     def max_in_flight_tokens(self) -> int:
@@ -194,7 +206,8 @@ class Setup:
                      num_gpu_blocks_override=self.num_gpu_blocks_override, enforce_eager=self.enforce_eager,
                      enable_chunked_prefill=self.enable_chunked_prefill,
                      enable_prefix_caching=self.enable_prefix_caching,
-                     async_scheduling=self.async_scheduling)
+                     async_scheduling=self.async_scheduling, mamba_cache_dtype=self.mamba_cache_dtype,
+                     mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -208,7 +221,8 @@ class Setup:
               num_gpu_blocks_override: int | None = None, enforce_eager: bool = False,
               enable_chunked_prefill: bool | None = None,
               enable_prefix_caching: bool | None = None,
-              async_scheduling: bool | None = None) -> "Setup":
+              async_scheduling: bool | None = None, mamba_cache_dtype: str | None = None,
+              mamba_ssm_cache_dtype: str | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -299,6 +313,12 @@ class Setup:
             raise InputError(f"--kv-cache-memory-bytes must be positive (got {kv_cache_memory_bytes})")
         if num_gpu_blocks_override is not None and num_gpu_blocks_override < 1:
             raise InputError(f"--num-gpu-blocks-override must be positive (got {num_gpu_blocks_override})")
+        mamba = {}
+        for flag, value in (("mamba_cache_dtype", mamba_cache_dtype), ("mamba_ssm_cache_dtype", mamba_ssm_cache_dtype)):
+            name = str(value or "auto").strip().lower()
+            if name not in MAMBA_DTYPES:
+                raise InputError(f"--{flag.replace('_', '-')}: unknown {value!r}; one of {', '.join(MAMBA_DTYPES)}")
+            mamba[flag] = name
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
@@ -310,7 +330,7 @@ class Setup:
                    enable_prefix_caching=(not v0 and (arch.state is None or version >= HYBRID_PREFIX_CACHING))
                    if enable_prefix_caching is None else bool(enable_prefix_caching),
                    async_scheduling=version >= ASYNC_SCHEDULING_DEFAULT
-                   if async_scheduling is None else bool(async_scheduling))
+                   if async_scheduling is None else bool(async_scheduling), **mamba)
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's

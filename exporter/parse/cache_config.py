@@ -26,6 +26,8 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None   # --num-gpu-blocks-override: the pool as given
     kv_cache_max_concurrency: float | None = None
     sliding_window: int | None = None
+    mamba_cache_dtype: str | None = None          # 0.10.1+: hybrids' state dtypes, as resolved
+    mamba_ssm_cache_dtype: str | None = None
 
 
 def read_cache_config(labels: Mapping[str, str]) -> CacheConfig:
@@ -43,6 +45,8 @@ def _read(items: tuple[tuple[str, str], ...]) -> CacheConfig:
         max_model_len=_int(cfg.get("max_model_len")), kv_cache_memory_bytes=finite_float(cfg.get("kv_cache_memory_bytes")),
         kv_cache_max_concurrency=finite_float(cfg.get("kv_cache_max_concurrency")),
         sliding_window=_int(cfg.get("sliding_window")),
+        mamba_cache_dtype=_str(cfg.get("mamba_cache_dtype")),
+        mamba_ssm_cache_dtype=_str(cfg.get("mamba_ssm_cache_dtype")),
         num_gpu_blocks_override=_int(cfg.get("num_gpu_blocks_override")))
 
 

@@ -209,6 +209,7 @@ def test_missing_kubeconfig_is_reported_not_fatal(tmp_path):
     (["vllm", "serve", "m/v", "--tensor-parallel-size", "lots"], {"model": "m/v"}),
     (["vllm", "serve", "m/e", "--data-parallel-size", "4", "--enable-expert-parallel"],
      {"model": "m/e", "dp": 4, "expert_parallel": True}),
+    (["vllm", "serve", "m/n", "--no-async-scheduling"], {"model": "m/n", "async_scheduling": False}),
     # vLLM's human-readable counts: lower-case suffixes are powers of 1000, upper-case of 1024
     (["vllm", "serve", "m/u", "--max-num-batched-tokens", "16k", "--max-model-len", "32K"],
      {"model": "m/u", "max_num_batched_tokens": 16000, "max_model_len": "32K"}),
