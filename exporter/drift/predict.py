@@ -12,7 +12,7 @@ setup.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -166,44 +166,38 @@ class ServerFlags:
     file_sd labels, pod arguments, scan flags) and what its `cache_config_info` reports. None: vLLM's
     default for the release. Hashable, so the calculator's caches key on it."""
 
+    # named as Setup.build's keywords, which `build` passes them to
     tp: int = 1
     pp: int = 1
     quantization: str | None = None
-    kv_dtype: str = "auto"
-    util: float | None = None
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
     max_num_seqs: int | None = None
-    mnbt: int | None = None
+    max_num_batched_tokens: int | None = None
     block_size: int | None = None
-    version: Version | None = None
+    vllm_version: Version | None = None
     enforce_eager: bool = False
     dp: int = 1
-    ep: bool = False
-    prefix_caching: bool | None = None
+    expert_parallel: bool = False
+    enable_prefix_caching: bool | None = None
     async_scheduling: bool | None = None
     mamba_cache_dtype: str | None = None
     mamba_ssm_cache_dtype: str | None = None
 
     def build(self, model: ModelArch, gpu: GPU) -> Setup:
-        return Setup.build(model, gpu, tp=self.tp, pp=self.pp, quantization=self.quantization,
-                           kv_cache_dtype=self.kv_dtype, gpu_memory_utilization=self.util,
-                           max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
-                           max_num_batched_tokens=self.mnbt, block_size=self.block_size,
-                           vllm_version=self.version, enforce_eager=self.enforce_eager, dp=self.dp,
-                           expert_parallel=self.ep, enable_prefix_caching=self.prefix_caching,
-                           async_scheduling=self.async_scheduling, mamba_cache_dtype=self.mamba_cache_dtype,
-                           mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype)
+        return Setup.build(model, gpu, **{f.name: getattr(self, f.name) for f in fields(self)})
 
 
 def server_flags(ident: Identity, x: DriftInput, vllm_version: str | None) -> ServerFlags:
     """The flags of this target: its identity's hints and what its metrics report."""
     return ServerFlags(tp=int(ident.tp), pp=int(ident.pp), quantization=ident.quantization,
-                       kv_dtype=_kv_dtype(x.cache_dtype), util=x.gpu_memory_utilization,
+                       kv_cache_dtype=_kv_dtype(x.cache_dtype), gpu_memory_utilization=x.gpu_memory_utilization,
                        max_model_len=int(x.max_model_len) if x.max_model_len else None,
-                       max_num_seqs=x.max_num_seqs, mnbt=x.max_num_batched_tokens,
+                       max_num_seqs=x.max_num_seqs, max_num_batched_tokens=x.max_num_batched_tokens,
                        block_size=int(x.block_size) if x.block_size else None,
-                       version=read_version(vllm_version), enforce_eager=ident.enforce_eager, dp=int(x.dp),
-                       ep=ident.expert_parallel, prefix_caching=x.enable_prefix_caching,
+                       vllm_version=read_version(vllm_version), enforce_eager=ident.enforce_eager, dp=int(x.dp),
+                       expert_parallel=ident.expert_parallel, enable_prefix_caching=x.enable_prefix_caching,
                        async_scheduling=ident.async_scheduling, mamba_cache_dtype=x.mamba_cache_dtype,
                        mamba_ssm_cache_dtype=x.mamba_ssm_cache_dtype)
 
@@ -226,7 +220,7 @@ def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
                "prefix_hit_ratio": x.prefix_hit_ratio, "running_mean": x.running_mean,
                "spec_k": x.spec_k}
     flags = server_flags(ident, x, vllm_version)
-    return predict_with(described(ident, x, vllm_version), flags, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s},
+    return predict(described(ident, x, vllm_version), flags, slo={"ttft": x.slo_ttft_s, "tpot": x.slo_tpot_s},
                         prices=prices, traffic={**_rounded(traffic), "spec_per_position": spec_per_position},
                         # a pool given by --kv-cache-memory-bytes / --num-gpu-blocks-override says
                         # nothing about the GPU behind it
@@ -287,32 +281,10 @@ def _kv_dtype(cache_dtype: str | None) -> str:
     return "fp8" if d.startswith("fp8") else ("auto" if d in ("auto", "none", "") else d)
 
 
-def predict(res: Resolved, *, tp: int, pp: int, quantization: str | None, cache_dtype: str | None,
-            gpu_memory_utilization: float | None, max_model_len: float | None,
-            max_num_seqs: int | None, max_num_batched_tokens: int | None, block_size: float | None,
-            vllm_version: str | None, traffic: Mapping[str, float | None],
+def predict(res: Resolved, flags: ServerFlags, *, traffic: Mapping[str, float | None],
             slo: Mapping[str, float | None], prices: Mapping[str, float],
             observed_kv_tokens: float | None = None,
-            calibration: perf.Calibration | None = None, enforce_eager: bool = False, dp: int = 1,
-            expert_parallel: bool = False, prefix_caching: bool | None = None,
-            async_scheduling: bool | None = None, mamba_cache_dtype: str | None = None,
-            mamba_ssm_cache_dtype: str | None = None) -> Prediction:
-    """`predict_with`, the flags given one by one."""
-    flags = ServerFlags(tp=int(tp), pp=int(pp), quantization=quantization, kv_dtype=_kv_dtype(cache_dtype),
-                        util=gpu_memory_utilization, max_model_len=int(max_model_len) if max_model_len else None,
-                        max_num_seqs=max_num_seqs, mnbt=max_num_batched_tokens,
-                        block_size=int(block_size) if block_size else None, version=read_version(vllm_version),
-                        enforce_eager=enforce_eager, dp=int(dp), ep=bool(expert_parallel),
-                        prefix_caching=prefix_caching, async_scheduling=async_scheduling,
-                        mamba_cache_dtype=mamba_cache_dtype, mamba_ssm_cache_dtype=mamba_ssm_cache_dtype)
-    return predict_with(res, flags, traffic=traffic, slo=slo, prices=prices,
-                        observed_kv_tokens=observed_kv_tokens, calibration=calibration)
-
-
-def predict_with(res: Resolved, flags: ServerFlags, *, traffic: Mapping[str, float | None],
-                 slo: Mapping[str, float | None], prices: Mapping[str, float],
-                 observed_kv_tokens: float | None = None,
-                 calibration: perf.Calibration | None = None) -> Prediction:
+            calibration: perf.Calibration | None = None) -> Prediction:
     """Everything the model can say about this setup at the observed traffic; fields it cannot
     compute stay None, with a note.
 

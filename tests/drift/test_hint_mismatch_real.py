@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 
-from exporter.drift.predict import predict, resolve_hints
+from exporter.drift.predict import ServerFlags, predict, resolve_hints
 from exporter.model.gpus import find_gpu
 
 
@@ -23,11 +23,11 @@ def judged(r, gpu):
     for part in r["source"].split("--"):
         if part.startswith("tp") and "pp" in part:
             pp = int(part.split("pp")[1].split("dp")[0])
-    return predict(res, tp=int(r["tp"]), pp=pp, quantization=None, cache_dtype=r["kv_cache_dtype"],
-                   gpu_memory_utilization=float(r["gpu_memory_utilization"]), max_model_len=float(r["max_model_len"]),
-                   max_num_seqs=None, max_num_batched_tokens=None, block_size=float(r["block_size"] or 16),
-                   vllm_version=r["vllm_version"], traffic={}, slo={}, prices={},
-                   observed_kv_tokens=float(r["reported_kv_tokens"]))
+    flags = ServerFlags(tp=int(r["tp"]), pp=pp, kv_cache_dtype=r["kv_cache_dtype"],
+                        gpu_memory_utilization=float(r["gpu_memory_utilization"]),
+                        max_model_len=int(r["max_model_len"]), block_size=int(r["block_size"] or 16),
+                        vllm_version=r["vllm_version"])
+    return predict(res, flags, traffic={}, slo={}, prices={}, observed_kv_tokens=float(r["reported_kv_tokens"]))
 
 
 def test_the_right_hint_is_never_a_mismatch(shared):

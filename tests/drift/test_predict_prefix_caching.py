@@ -2,7 +2,7 @@
 on a Mamba hybrid it decides how many state blocks a request holds, so how many requests fit."""
 from __future__ import annotations
 
-from exporter.drift.predict import predict, resolve_hints
+from exporter.drift.predict import ServerFlags, predict, resolve_hints
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.setup import Setup
 
@@ -10,10 +10,9 @@ MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
 
 
 def tokens(prefix_caching):
-    p = predict(resolve_hints([MODEL], "H100"), tp=1, pp=1, quantization=None, cache_dtype="auto",
-                gpu_memory_utilization=0.9, max_model_len=32768.0, max_num_seqs=None,
-                max_num_batched_tokens=None, block_size=None, vllm_version="0.32.0", traffic={}, slo={},
-                prices={}, prefix_caching=prefix_caching)
+    flags = ServerFlags(gpu_memory_utilization=0.9, max_model_len=32768, vllm_version="0.32.0",
+                        enable_prefix_caching=prefix_caching)
+    p = predict(resolve_hints([MODEL], "H100"), flags, traffic={}, slo={}, prices={})
     return p.kv_cache_tokens
 
 
