@@ -82,3 +82,30 @@ def test_scan_keeps_no_async_scheduling_as_a_hint():
     on = hinted(parser.parse_args(["scan", "x.prom", "--async-scheduling"]))
     unset = hinted(parser.parse_args(["scan", "x.prom"]))
     assert (off.async_scheduling, on.async_scheduling, unset.async_scheduling) == (False, True, None)
+
+
+def test_a_real_qwen35_servers_state_dtype_label_gives_its_block(tmp_path):
+    """Two real vLLM 0.32 startups of one tiny Qwen3.5 (kv-layouts.json): its config names
+    `mamba_ssm_dtype: float32`, which vLLM reports resolved in `cache_config_info`
+    (`mamba_ssm_cache_dtype="float32"`) and which raises the attention block to 256; served with
+    `--mamba-ssm-cache-dtype bfloat16` the label says so and the block stays 128. The daemon,
+    given each server's own labels, predicts each server's block."""
+    import json
+
+    from exporter.model.kv_cache import kv_groups
+    runs = json.loads((VLLM_CPU / "kv-layouts.json").read_text())["runs"]
+    blocks = {}
+    for name in ("qwen3.5", "qwen3.5-ssm-bfloat16"):
+        run = runs[name]
+        model_dir = tmp_path / name
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(run["config"]))
+        cc = read_cache_config(run["cache_config_info"])
+        spec = TargetSpec(url="http://127.0.0.1:8000", model=str(model_dir), gpu="H100", async_scheduling=False)
+        x = DriftInput(target="t", model_name=name, max_model_len=4096.0, block_size=128.0,
+                       mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype)
+        setup = _setup(spec, x)[1]
+        assert setup is not None
+        blocks[cc.mamba_ssm_cache_dtype] = kv_groups(setup).block_size
+        assert blocks[cc.mamba_ssm_cache_dtype] == int(run["cache_config_info"]["block_size"])
+    assert blocks == {"float32": 256, "bfloat16": 128}

@@ -385,6 +385,7 @@ def test_unified_pages_give_the_blocks_and_tokens_real_vllm_logged(name, tmp_pat
                           "--vllm-version", KV_LAYOUTS["vllm"].split("+")[0], "--block-size", info["block_size"],
                           *[x for kv in flag.items() for x in kv],
                           *[f for f in serve if f == "--no-enable-prefix-caching"],
+                          *[x for i, f in enumerate(serve) if f == "--mamba-ssm-cache-dtype" for x in serve[i:i + 2]],
                           "--no-async-scheduling",   # vLLM's CPU platform turns it off (platforms/cpu.py)
                           "--json"],
                          capture_output=True, text=True, timeout=60)

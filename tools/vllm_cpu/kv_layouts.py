@@ -51,6 +51,9 @@ VARIANTS = {
     # default for them) Mamba cache mode 'align' keeps more than one state block per request
     "qwen3-next": ["--arch", "qwen3_next", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64"],
     "qwen3.5": ["--arch", "qwen3_5", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64"],
+    # the same model with its state dtype given on the command line, which wins over the config's
+    "qwen3.5-ssm-bfloat16": ["--arch", "qwen3_5", "--layers", "4", "--heads", "4", "--kv-heads", "2",
+                             "--head-dim", "64"],
     "nemotron-h": ["--arch", "nemotron_h", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
     "nemotron-h-no-prefix-caching": ["--arch", "nemotron_h", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
     # one attention shape: sliding and full layers grouped 5:1 (Gemma 3), Mamba1 beside attention (Jamba)
@@ -68,12 +71,13 @@ VARIANTS = {
     "granite-4": ["--arch", "granitemoehybrid", "--layers", "4", "--heads", "4", "--kv-heads", "2"],
     "falcon-h1": ["--arch", "falcon_h1", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
 }
-EXTRA_SERVE = {"nemotron-h-no-prefix-caching": ["--no-enable-prefix-caching"]}
+EXTRA_SERVE = {"nemotron-h-no-prefix-caching": ["--no-enable-prefix-caching"],
+               "qwen3.5-ssm-bfloat16": ["--mamba-ssm-cache-dtype", "bfloat16"]}
 SERVE = ["--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "8",
          "--max-num-batched-tokens", "2048", "--kv-cache-memory-bytes", "67108864", "--enforce-eager"]
 KV_LINE = re.compile(r"KV cache size|kv cache group sizes|KV cache layout|Mamba cache mode|mamba page size")
 CACHE_KEYS = ("block_size", "effective_attention_block_size", "num_gpu_blocks", "kv_cache_size_tokens",
-              "kv_cache_max_concurrency", "kv_cache_memory_bytes")
+              "kv_cache_max_concurrency", "kv_cache_memory_bytes", "mamba_cache_dtype", "mamba_ssm_cache_dtype")
 
 
 def cache_info(metrics: str) -> dict[str, str]:
