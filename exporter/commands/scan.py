@@ -80,11 +80,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "plateau of the running count, else vLLM's default)")
     hints.add_argument("--max-num-batched-tokens", metavar="N",
                        help="the server's --max-num-batched-tokens, as vLLM reads it (16k, 16K)")
-    hints.add_argument("--enforce-eager", action="store_true",
+    hints.add_argument("--enforce-eager", action="store_true", default=None,
                        help="the server runs --enforce-eager (no CUDA graphs)")
     hints.add_argument("--data-parallel", dest="dp", type=int, metavar="N",
                        help="the server's --data-parallel-size (default: the engines its /metrics shows)")
-    hints.add_argument("--enable-expert-parallel", dest="expert_parallel", action="store_true",
+    hints.add_argument("--enable-expert-parallel", dest="expert_parallel", action="store_true", default=None,
                        help="the server runs --enable-expert-parallel (whole MoE experts per GPU)")
     hints.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                        help="the server runs --[no-]async-scheduling (default: the release's, on from 0.14; "
@@ -121,8 +121,6 @@ HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "q
               "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
               "enforce_eager": "--enforce-eager", "dp": "--data-parallel",
               "expert_parallel": "--enable-expert-parallel", "async_scheduling": "--async-scheduling"}
-# hints whose False is a statement (--no-async-scheduling), not the flag left out
-TRISTATE_HINTS = ("async_scheduling",)
 SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
 
 
@@ -130,9 +128,8 @@ def hinted(args: argparse.Namespace) -> TargetSpec:
     """The hint flags as one target spec, checked as the config checks a targets[] entry (a TP
     below 1, an unknown quantization, `1.5K` tokens are refused naming the flag); its URL is a
     placeholder each target replaces."""
-    data: dict[str, Any] = {k: getattr(args, k) for k in HINT_FLAGS
-                            if getattr(args, k) is not None
-                            and (getattr(args, k) is not False or k in TRISTATE_HINTS)}
+    # a flag not given is None (store_true hints too): False is a statement (--no-async-scheduling)
+    data: dict[str, Any] = {k: getattr(args, k) for k in HINT_FLAGS if getattr(args, k) is not None}
     slo = {k: getattr(args, flag[2:].replace("-", "_")) for k, flag in SLO_FLAGS.items()}
     if any(v is not None for v in slo.values()):
         data["slo"] = {k: v for k, v in slo.items() if v is not None}

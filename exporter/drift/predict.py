@@ -28,6 +28,7 @@ from exporter.model.resolve import HubSettings, resolve_model, resolve_model_now
 from exporter.model.setup import Setup
 from exporter.model.spec_decode import ASSUMED_SPEC, SpecConfig, gain
 from exporter.model.traffic import SLO, Traffic
+from exporter.parse.cache_config import label_bool
 from exporter.parse.version import Version, read_version
 
 GIB = 1024**3
@@ -145,19 +146,13 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                     enforce_eager=_flag(hint("enforce_eager")), dp=hint_int("dp"),
                     expert_parallel=_flag(hint("expert_parallel")),
                     # False is a statement here (--no-async-scheduling), not an absent hint
-                    async_scheduling=_tristate(spec.async_scheduling if spec.async_scheduling is not None
+                    async_scheduling=label_bool(spec.async_scheduling if spec.async_scheduling is not None
                                                else labels.get("async_scheduling")))
 
 
 def _flag(value: Any) -> bool:
     """A boolean hint as a label carries it."""
     return str(value or "").strip().lower() in ("true", "1", "yes")
-
-
-def _tristate(value: Any) -> bool | None:
-    """A boolean hint that may be absent (None: vLLM's default for the release)."""
-    s = str(value if value is not None else "").strip().lower()
-    return True if s in ("true", "1", "yes") else False if s in ("false", "0", "no") else None
 
 
 @dataclass(frozen=True)

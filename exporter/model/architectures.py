@@ -242,6 +242,12 @@ class ModelArch:
             kv = 0    # a KV-shared layer has q_proj alone (gemma4.py), its K and V are another layer's
         return q + kv + self.num_heads * shape.v_head_dim * h
 
+    @property
+    def indexer_cache_bytes(self) -> int:
+        """Bytes one token's indexer key takes in one layer: head_dim fp8 values and a float32
+        scale per 128 (DeepseekV32IndexerCache, quant_block_size 128); 0 without an indexer."""
+        return self.indexer_head_dim + self.indexer_head_dim // 128 * 4
+
     def indexer_params(self) -> int:
         """One layer's lightning-indexer weights: wq_b (q LoRA rank -> heads x head_dim), wk and
         weights_proj (hidden -> head_dim + heads), k_norm (a LayerNorm); all replicated."""
@@ -910,6 +916,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     if model_type in GRANITE_MOE_TYPES and n_experts:
         shared_inter = int(cfg.get("shared_intermediate_size") or 0)   # shared_mlp beside the experts
     mla = cfg.get("kv_lora_rank") is not None
+    indexer = mla and bool(cfg.get("index_topk"))   # DeepSeek sparse attention's lightning indexer
     types = _layer_types(cfg, model_type, n, where)
     mixer_only: tuple[int, ...] = ()
     latent = 0
@@ -981,8 +988,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
         v_head_dim=int(cfg.get("v_head_dim") or 0),
         q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-        indexer_head_dim=int(cfg.get("index_head_dim") or 128) if mla and cfg.get("index_topk") else 0,
-        indexer_heads=int(cfg.get("index_n_heads") or 64) if mla and cfg.get("index_topk") else 0,
+        indexer_head_dim=int(cfg.get("index_head_dim") or 128) if indexer else 0,
+        indexer_heads=int(cfg.get("index_n_heads") or 64) if indexer else 0,
         layer_types=types, kind_shapes=shapes, kv_shared_layers=kv_shared,
         sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,

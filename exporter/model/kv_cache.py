@@ -120,11 +120,10 @@ def token_bytes_per_layer(setup: Setup, kind: str = FULL) -> int:
     if m.attention == "mla":
         # one latent, replicated on every rank; with DeepSeek sparse attention the indexer's key
         # beside it in the same group (UniformTypeKVCacheSpecs: the pages of a layer's two caches
-        # are summed): head_dim fp8 bytes and a float32 scale per 128 (DeepseekV32IndexerCache)
-        indexer = m.indexer_head_dim + m.indexer_head_dim // 128 * 4 if m.indexer_head_dim else 0
+        # are summed)
         if setup.kv_cache_dtype == "fp8_ds_mla":
-            return 656 + indexer
-        return (m.kv_lora_rank + m.qk_rope_head_dim) * b + indexer
+            return 656 + m.indexer_cache_bytes
+        return (m.kv_lora_rank + m.qk_rope_head_dim) * b + m.indexer_cache_bytes
     shape = m.kv_shape(kind)
     return kv_heads_per_rank(m, setup.tp, kind) * (shape.head_dim + shape.v_head_dim) * b
 

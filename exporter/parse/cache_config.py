@@ -41,7 +41,7 @@ def _read(items: tuple[tuple[str, str], ...]) -> CacheConfig:
         num_gpu_blocks=_int(cfg.get("num_gpu_blocks")), block_size=_int(cfg.get("block_size")),
         kv_cache_size_tokens=_int(cfg.get("kv_cache_size_tokens")),
         gpu_memory_utilization=finite_float(cfg.get("gpu_memory_utilization")),
-        enable_prefix_caching=_bool(cfg.get("enable_prefix_caching")), cache_dtype=_str(cfg.get("cache_dtype")),
+        enable_prefix_caching=label_bool(cfg.get("enable_prefix_caching")), cache_dtype=_str(cfg.get("cache_dtype")),
         max_model_len=_int(cfg.get("max_model_len")), kv_cache_memory_bytes=finite_float(cfg.get("kv_cache_memory_bytes")),
         kv_cache_max_concurrency=finite_float(cfg.get("kv_cache_max_concurrency")),
         sliding_window=_int(cfg.get("sliding_window")),
@@ -55,7 +55,8 @@ def _int(v: str | None) -> int | None:
     return None if x is None else int(x)
 
 
-def _bool(v: str | None) -> bool | None:
+def label_bool(v: object) -> bool | None:
+    """A boolean as a label (or a config value) carries it; None when absent or unknown."""
     if v is None:
         return None
     s = str(v).strip().lower()

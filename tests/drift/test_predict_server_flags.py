@@ -11,6 +11,7 @@ from exporter.drift.predict import identify, setup_for
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.setup import Setup
 from exporter.parse.cache_config import read_cache_config
+from exporter.parse.canonical import parse_vllm
 
 from conftest import VLLM_CPU
 
@@ -53,10 +54,8 @@ def test_mamba_state_dtypes_as_the_server_reports_them():
     a server whose temporal state runs in float16 (`--mamba-ssm-cache-dtype float16`, or a release
     whose Nemotron-H default was float16) says so in the label, and the daemon predicts its pool
     with it: a Nemotron-3 Nano state of half the bytes, a smaller attention block."""
-    line = next(ln for ln in (VLLM_CPU / "vllm-0.32.0-cpu-dp2-a.prom").read_text().splitlines()
-                if ln.startswith("vllm:cache_config_info{"))
-    labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].replace('"', "").split(","))
-    cc = read_cache_config(labels)
+    [snap] = parse_vllm((VLLM_CPU / "vllm-0.32.0-cpu-dp2-a.prom").read_bytes(), target="t", timestamp=0.0)
+    cc = snap.config
     assert cc.mamba_cache_dtype == "auto" and cc.mamba_ssm_cache_dtype == "auto"
     model = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
     spec = TargetSpec(url="http://127.0.0.1:8000", model=model, gpu="H100")

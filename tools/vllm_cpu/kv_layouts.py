@@ -37,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))   # the repo: exporter's safetensors header reader
 COMMON = ["--arch", "gemma4", "--layers", "6", "--heads", "4", "--kv-heads", "4", "--head-dim", "32"]
+QWEN35 = ["--arch", "qwen3_5", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64"]
 VARIANTS = {
     # full layers' page is half the sliding layers': the full group's block size doubles
     "a": [*COMMON, "--global-head-dim", "64", "--global-kv-heads", "1"],
@@ -50,10 +51,9 @@ VARIANTS = {
     # hybrids: recurrent-state pages padded to the attention page; with prefix caching (0.32's
     # default for them) Mamba cache mode 'align' keeps more than one state block per request
     "qwen3-next": ["--arch", "qwen3_next", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64"],
-    "qwen3.5": ["--arch", "qwen3_5", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "64"],
+    "qwen3.5": QWEN35,
     # the same model with its state dtype given on the command line, which wins over the config's
-    "qwen3.5-ssm-bfloat16": ["--arch", "qwen3_5", "--layers", "4", "--heads", "4", "--kv-heads", "2",
-                             "--head-dim", "64"],
+    "qwen3.5-ssm-bfloat16": QWEN35,
     "nemotron-h": ["--arch", "nemotron_h", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
     "nemotron-h-no-prefix-caching": ["--arch", "nemotron_h", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
     # one attention shape: sliding and full layers grouped 5:1 (Gemma 3), Mamba1 beside attention (Jamba)
