@@ -281,7 +281,7 @@ class Shape:
     expert_weight_bytes: float     # all routed-expert weights on this GPU (0 for dense models)
     n_experts: int
     experts_per_token: int
-    flops_per_token: float         # 2 x active params / TP
+    flops_per_token: float         # 2 x active params / TP (the lm_head's share included)
     kv_bytes_per_ctx_token: float  # KV bytes read per context token, full-attention layers
     swa_kv_bytes_per_token: float  # same for sliding-window layers (capped at the window)
     swa_window: int
@@ -306,6 +306,8 @@ class Shape:
     allreduce_hops: float = 1.0     # latency multiple of one all-reduce: 1 with vLLM's one-shot
                                     # custom all-reduce, tp-1 for NCCL's ring on >2 PCIe GPUs
     eager_launch_s: float = 0.0     # --enforce-eager: host time launching one step's kernels
+    head_flops_per_token: float = 0.0  # 2 x vocab x hidden / TP: the lm_head's part of
+                                    # flops_per_token, paid only by tokens that are sampled
 
 
 def _flops_eff(cal: Calibration, shape: Shape) -> float:
@@ -348,7 +350,11 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
         bw_exp = cal.bw_eff * min(shape.bw_bytes_per_s, shape.expert_stream_bps or math.inf)
         t_w += w_exp / (bw_exp * cal.moe_bw_eff * shape.expert_kernel_eff)
     eff_peak = _flops_eff(cal, shape) * shape.peak_flops
-    t_gemm = max(t_w, shape.flops_per_token * tokens / eff_peak)
+    # logits only where a token is sampled (vLLM's logits_indices): every decoding request's
+    # positions, one per prefill; a prompt's other tokens skip the lm_head GEMM
+    sampled = b * tokens_per_seq + (1.0 if prefill_tokens else 0.0)
+    flops = shape.flops_per_token * tokens - shape.head_flops_per_token * max(tokens - sampled, 0.0)
+    t_gemm = max(t_w, flops / eff_peak)
     # attention: decode queries each over their context; prefill causal over the chunk plus the
     # already-computed prefix
     attn_flops = tokens_per_seq * (decode_context_tokens * shape.attn_flops_per_ctx_token
@@ -621,7 +627,7 @@ def shape_for(setup: Any) -> Shape:
     emb = m.vocab_size * m.hidden_size * native / tp
     if not m.tie_word_embeddings:
         weights -= emb
-    weights -= m.max_position_embeddings * m.rotary_dim * native
+    weights -= m.rope_cache_size * native
     _, experts, other = m.layer_params()
     expert_bytes = 0.0
     if m.is_moe and experts:
@@ -687,6 +693,7 @@ def shape_for(setup: Any) -> Shape:
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,
         eager_launch_s=EAGER_LAYER_LAUNCH_S * m.num_layers if setup.enforce_eager else 0.0,
+        head_flops_per_token=2.0 * m.vocab_size * m.hidden_size / tp,
     )
 
 

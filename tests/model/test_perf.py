@@ -64,13 +64,37 @@ def test_prefill_is_compute_bound_and_scales_with_tokens():
     cal = perf.calibration_for(s.gpu.name)
     t1 = perf.step_time_s(s, decode_seqs=0, decode_context_tokens=0, prefill_tokens=4096)
     t2 = perf.step_time_s(s, decode_seqs=0, decode_context_tokens=0, prefill_tokens=8192)
-    flops_per_token = 2 * (s.model.active_params - s.model.embedding_params)
+    # a prompt token runs every linear layer but the lm_head: vLLM computes logits only at the
+    # positions it samples (one per prefill), so 4096 more prompt tokens add no lm_head FLOPs
+    head = 2 * s.model.vocab_size * s.model.hidden_size
+    flops_per_token = 2 * (s.model.active_params - s.model.embedding_params) - head
     # the linear part alone: 4096 more tokens at the fitted fraction of 989 TFLOPS
     linear = 4096 * flops_per_token / (989e12 * cal.flops_eff_bf16)
     # causal attention: P tokens over P/2 keys on average, 4 x 32 heads x 128 x 32 layers each
     attn = (8192 * 4096 - 4096 * 2048) * 4 * 32 * 128 * 32 / (989e12 * cal.flops_eff_bf16)
     assert t2 - t1 == pytest.approx(linear + attn + 4096 * cal.per_token_s, rel=0.01)
     assert t2 > 1.8 * t1  # no weight-read floor left: compute-bound
+
+
+def test_the_lm_head_runs_only_where_a_token_is_sampled():
+    """Decode tokens (and every position a speculative step verifies) pay the lm_head GEMM; a
+    prompt's tokens do not, but the one its first token is sampled from. Compute-bound steps of
+    the same token count on gpt-oss-120b (a vocabulary of 201k x 2880: 11 % of a token's FLOPs)
+    differ by exactly the lm_head of the tokens that are not sampled."""
+    s = Setup.build("openai/gpt-oss-120b", "H100", tp=2, max_model_len=8192)
+    sh, cal = perf.shape_for(s), perf.calibration_for("H100")
+    assert sh.head_flops_per_token == pytest.approx(2 * 201088 * 2880 / 2)
+    assert sh.head_flops_per_token > 0.1 * sh.flops_per_token
+    eff = cal.flops_eff_bf16 * cal.moe_flops_eff * sh.peak_flops
+    prompt = perf.step_time_shape(sh, cal, 0, 0, 4096)
+    # 4096 verified positions (1024 requests x 4) take the same GEMMs plus 4095 lm_heads ...
+    verify = perf.step_time_shape(sh, cal, 1024, 1024, 0, tokens_per_seq=4.0)
+    # ... less what a verify step and a prefill charge differently (attention, per request),
+    # computed with the lm_head charged to every token on both sides
+    full = replace(sh, head_flops_per_token=0.0)
+    other = (perf.step_time_shape(full, cal, 1024, 1024, 0, tokens_per_seq=4.0)
+             - perf.step_time_shape(full, cal, 0, 0, 4096))
+    assert verify - prompt - other == pytest.approx(4095 * sh.head_flops_per_token / eff, rel=1e-6)
 
 
 def test_fp8_weights_halve_decode_bytes_and_use_fp8_peak():
