@@ -131,7 +131,12 @@ def test_max_tokens_bound_stops_on_length_below_the_context():
 def test_cpu_bound_healthy_steps_back_to_back_with_an_empty_looking_pool():
     rows, st = _poll("cpu-bound-healthy", seconds=60)
     eng = st.engine
-    assert all(r["num_requests_running"] == 8 and r["num_requests_waiting"] == 0 for r in rows)
+    # the 8 clients' requests have equal lengths, so they run in lock step and finish in the same
+    # step; vLLM logs a step's scheduler stats after freeing what it finished, so a scrape that
+    # lands right after that step reads 0 running before the clients' next requests are scheduled
+    assert all(r["num_requests_waiting"] == 0 for r in rows)
+    assert all(r["num_requests_running"] in (0, 8) for r in rows)
+    assert sum(r["num_requests_running"] == 8 for r in rows) >= len(rows) - 2
     assert max(r["kv_cache_usage_perc"] for r in rows) < 0.05
     # busy: the engine never waits for work (closed loop), so its steps tile the clock
     core = st.current
