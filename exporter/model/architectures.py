@@ -175,6 +175,9 @@ class ModelArch:
     # token down to it and back up (Nemotron-3 Super's moe_latent_size; nemotron_h.py in vLLM)
     moe_latent_size: int = 0
     rotary_dim: int = 0                    # rotary dims per head (cos/sin cache width)
+    # positions x width of every rotary cos/sin cache vLLM builds (get_rope keeps one per distinct
+    # rope): 0 means the one cache of max_position_embeddings x rotary_dim (`rope_cache_size`)
+    rope_cache_elements: int = 0
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
     quantization: str | None = None
@@ -197,6 +200,11 @@ class ModelArch:
     notes: tuple[str, ...] = field(default=(), compare=False)   # how the config was read
 
     # ---- derived counts -------------------------------------------------------------------
+    @property
+    def rope_cache_size(self) -> int:
+        """Elements of the rotary cos/sin caches, held in the model dtype on every rank."""
+        return self.rope_cache_elements or self.max_position_embeddings * self.rotary_dim
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
@@ -474,6 +482,62 @@ def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> Any:
         if cfg.get(k) is not None:
             return cfg[k]
     raise CatalogError(f"{where}: missing field {keys[0]!r} in config.json")
+
+
+def _rope_parameters(cfg: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The config's rope parameters by layer type: transformers 5 nests them per layer type
+    (`rope_parameters: {full_attention: {...}, sliding_attention: {...}}`), older configs have one
+    `rope_scaling` dict (keyed "" here)."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(rope, Mapping):
+        return {}
+    if rope and all(isinstance(v, Mapping) for v in rope.values()):
+        return {str(k): v for k, v in rope.items()}
+    return {"": rope}
+
+
+# rope types whose vLLM cache spans max_position x factor positions (LinearScalingRotaryEmbedding,
+# DynamicNTKScalingRotaryEmbedding); yarn's spans original_max_position_embeddings x factor
+_ROPE_SCALED_CACHE = ("linear", "dynamic")
+
+
+def _rope_cache_elements(cfg: Mapping[str, Any], model_type: str, ropes: Mapping[str, Mapping[str, Any]],
+                         config_max_pos: int, head_dim: int) -> int:
+    """Positions x width of the rotary caches vLLM's get_rope builds, one per distinct rope
+    (rotary_embedding/__init__.py caches them by their parameters), in the model dtype. 0: the
+    one cache of the derived max_model_len x rotary_dim, which is what a single rope of any type
+    holds (linear and dynamic: max_position x factor; yarn: original x factor).
+
+    Gemma 3 and 4 run a rope per layer kind (gemma3.py, gemma4.py): the sliding layers a default
+    rope (Gemma 3: at rope_local_base_freq), the full layers the config's, over
+    max_position_embeddings positions each, a linear rope times its factor. Gemma 3 4B-27B's full
+    rope is linear x8 over 128K positions: 1M positions, 512 MiB at head 256 (llm-d-planner's vLLM
+    0.19 startups: "Model loading took" 8.58 / 23.31 / 51.45 GiB for gemma-3-4b/12b/27b-it, 0.51 /
+    0.56 / 0.33 GiB over the parameters). Gemma 4's full rope (proportional, partial) caches the
+    whole global_head_dim (Gemma4RotaryEmbedding sets rotary_dim = head_size)."""
+    if not model_type.startswith(("gemma3", "gemma4")):
+        return 0
+    theta = cfg.get("rope_theta")
+    if "sliding_attention" in ropes:
+        local = dict(ropes["sliding_attention"])
+    elif cfg.get("rope_local_base_freq"):
+        local = {"rope_type": "default", "rope_theta": cfg["rope_local_base_freq"]}
+    else:
+        return 0
+    glob = dict(ropes.get("full_attention") or ropes.get("") or {})
+    full_width = int(cfg.get("global_head_dim") or 512) if model_type.startswith("gemma4") else head_dim
+
+    def key(r: Mapping[str, Any], width: int) -> tuple:
+        kind = str(r.get("rope_type") or r.get("type") or "default")
+        return (kind, float(r.get("rope_theta") or theta or 10000.0), float(r.get("factor") or 1.0), width)
+
+    def size(r: Mapping[str, Any], width: int) -> int:
+        kind, _, factor, _ = key(r, width)
+        return int(config_max_pos * (factor if kind in _ROPE_SCALED_CACHE else 1.0)) * width
+
+    if key(local, head_dim) == key(glob, full_width):
+        return size(local, head_dim)
+    return size(local, head_dim) + size(glob, full_width)
 
 
 def _opt(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -851,19 +915,25 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         notes.append("no max_position_embeddings (or equivalent) in config.json; max_model_len "
                      "defaults to 2048 as in vLLM")
     max_pos = min(lengths)
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    if isinstance(rope, Mapping) and rope.get("factor"):
+    config_max_pos = max_pos
+    ropes = _rope_parameters(cfg)
+    # vLLM's _get_and_verify_max_len: the last scaled rope's factor, except that Gemma 3's
+    # max_position_embeddings (128K) already counts its linear x8 ("gemma3" not in model_type)
+    scaled = [r for r in ropes.values() if r.get("factor")
+              and str(r.get("rope_type") or r.get("type") or "") not in ("su", "longrope", "llama3", "mrope",
+                                                                        "default", "dynamic")]
+    if scaled and "gemma3" not in model_type:
+        rope = scaled[-1]
         kind = str(rope.get("rope_type") or rope.get("type") or "")
-        if kind not in ("su", "longrope", "llama3", "mrope", "default", "dynamic"):
-            if kind == "yarn" and rope.get("original_max_position_embeddings"):
-                max_pos = int(rope["original_max_position_embeddings"])
-            max_pos = int(max_pos * float(rope["factor"]))  # as vLLM derives max_model_len
-            notes.append(f"rope_scaling {kind or '?'} x{rope['factor']}: max_model_len {max_pos}")
-        else:
-            notes.append(f"rope_scaling {kind}: max_model_len stays max_position_embeddings {max_pos}")
-    elif isinstance(rope, Mapping) and (rope.get("rope_type") or rope.get("type")) not in (None, "default"):
-        notes.append(f"rope_scaling {rope.get('rope_type') or rope.get('type')}: max_model_len stays "
-                     f"max_position_embeddings {max_pos}")
+        if kind == "yarn" and rope.get("original_max_position_embeddings"):
+            max_pos = int(rope["original_max_position_embeddings"])
+        max_pos = int(max_pos * float(rope["factor"]))  # as vLLM derives max_model_len
+        notes.append(f"rope_scaling {kind or '?'} x{rope['factor']}: max_model_len {max_pos}")
+    else:
+        kinds = sorted({str(r.get("rope_type") or r.get("type")) for r in ropes.values()
+                        if (r.get("rope_type") or r.get("type")) not in (None, "default")})
+        if kinds:
+            notes.append(f"rope_scaling {', '.join(kinds)}: max_model_len stays max_position_embeddings {max_pos}")
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     if model_type == "jamba" and n_experts <= 1:
         n_experts = 0            # one "expert" is Jamba's dense MLP (jamba.py: JambaMoE only when > 1)
@@ -971,6 +1041,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         rotary = int(cfg["rotary_dim"])
     else:
         rotary = int(head_dim * float(_opt(cfg, "partial_rotary_factor", default=1.0)))
+    rope_cache = _rope_cache_elements(cfg, model_type, ropes, config_max_pos, head_dim)
     # one up and one down projection (no gate) for these types and for squared-ReLU MLPs
     # (Nemotron: mlp_hidden_act relu2)
     gated = model_type not in ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox",
@@ -997,7 +1068,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         parallel_mixers=parallel,
         attn_output_gate=bool(cfg.get("attn_output_gate", model_type in GDN_TYPES)),
         state=_recurrent_state(cfg, types + ((MAMBA,) if parallel else ()), hidden, model_type,
-                               DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary,
+                               DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary, rope_cache_elements=rope_cache,
         num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,
