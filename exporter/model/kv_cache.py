@@ -289,10 +289,10 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
     if stage == pp - 1:
         if not m.tie_word_embeddings or pp > 1:
             total += emb / tp
-    # the rotary cos/sin cache, [max_position_embeddings, rotary_dim] in the model dtype, on
-    # every rank (2.5 GiB for Llama 4's 10M positions: its "Model loading took" 53.12 GiB at TP4)
+    # the rotary cos/sin caches, [positions, rotary_dim] in the model dtype, on every rank (2.5 GiB
+    # for Llama 4's 10M positions: its "Model loading took" 53.12 GiB at TP4; Gemma 3's two ropes)
     total *= _checkpoint_scale(setup)
-    return total + m.max_position_embeddings * m.rotary_dim * native
+    return total + m.rope_cache_size * native
 
 
 def _checkpoint_scale(setup: Setup) -> float:
@@ -326,9 +326,13 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     m, tp = setup.model, setup.tp
     c = CALIBRATION
     tokens = setup.max_num_batched_tokens
+    # the widest dense MLP the dummy forward runs: the dense layers' (an MoE model's first_k_dense
+    # ...) and an MoE layer's shared experts; its routed experts' caches are the fused-MoE
+    # workspace below, which stays allocated (counting them here too put Mixtral-8x7B's peak at
+    # 1.79 GiB where its vLLM 0.19 startup logged 1.21)
     inter = m.intermediate_size if not m.is_moe or len(m.moe_layers) < m.num_layers else 0
-    if m.is_moe:
-        inter = max(inter, m.experts_per_token * m.moe_intermediate_size * 2)
+    if m.is_moe and m.shared_experts:
+        inter = max(inter, m.shared_experts * (m.shared_expert_intermediate_size or m.moe_intermediate_size))
     scale = setup.dtype_bytes / 2
     forward = tokens * c["forward_bytes_per_token_inter"] * inter / tp * scale
     moe_ws = 0.0
