@@ -917,11 +917,12 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     max_pos = min(lengths)
     config_max_pos = max_pos
     ropes = _rope_parameters(cfg)
-    # vLLM's _get_and_verify_max_len: the last scaled rope's factor, except that Gemma 3's
+    # vLLM's _get_and_verify_max_len (0.6 to 0.32 alike): the last factor of a rope that is not
+    # su / longrope / llama3 (a dynamic NTK rope's too), except that Gemma 3's
     # max_position_embeddings (128K) already counts its linear x8 ("gemma3" not in model_type)
     scaled = [r for r in ropes.values() if r.get("factor")
               and str(r.get("rope_type") or r.get("type") or "") not in ("su", "longrope", "llama3", "mrope",
-                                                                        "default", "dynamic")]
+                                                                        "default")]
     if scaled and "gemma3" not in model_type:
         rope = scaled[-1]
         kind = str(rope.get("rope_type") or rope.get("type") or "")

@@ -76,6 +76,8 @@ def test_one_rope_models_keep_one_cache_of_the_derived_length():
                                                       "original_max_position_embeddings": 2048}},
                             name="y", where="test")
     assert yarn.max_position_embeddings == 8192 and yarn.rope_cache_size == 8192 * 64
+    dynamic = arch_from_config({**base, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, name="d", where="test")
+    assert dynamic.max_position_embeddings == 8192 and dynamic.rope_cache_size == 8192 * 64
     plain = arch_from_config(base, name="p", where="test")
     assert plain.rope_cache_size == 4096 * 64
     # Gemma 3 whose two ropes are the same (no scaling, one base) shares one cache, as get_rope does
