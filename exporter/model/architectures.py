@@ -324,9 +324,13 @@ class ModelArch:
         """A latent MoE layer's projections to the experts' width and back."""
         return 2 * self.hidden_size * self.moe_latent_size if self.moe_latent_size else 0
 
+    @property
+    def shared_expert_width(self) -> int:
+        """Intermediate width of an MoE layer's always-on shared experts (0: none)."""
+        return self.shared_experts * self.moe_intermediate_size + self.shared_expert_intermediate_size
+
     def shared_expert_params(self) -> int:
-        return self._mlp_matrices * self.hidden_size * (self.shared_experts * self.moe_intermediate_size
-                                                        + self.shared_expert_intermediate_size)
+        return self._mlp_matrices * self.hidden_size * self.shared_expert_width
 
     def mixer_params(self) -> int:
         """Linear parameters of one Mamba / linear-attention mixer."""

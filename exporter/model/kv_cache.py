@@ -331,8 +331,8 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     # workspace below, which stays allocated (counting them here too put Mixtral-8x7B's peak at
     # 1.79 GiB where its vLLM 0.19 startup logged 1.21)
     inter = m.intermediate_size if not m.is_moe or len(m.moe_layers) < m.num_layers else 0
-    if m.is_moe and m.shared_experts:
-        inter = max(inter, m.shared_experts * (m.shared_expert_intermediate_size or m.moe_intermediate_size))
+    if m.is_moe:
+        inter = max(inter, m.shared_expert_width)
     scale = setup.dtype_bytes / 2
     forward = tokens * c["forward_bytes_per_token_inter"] * inter / tp * scale
     moe_ws = 0.0

@@ -71,3 +71,28 @@ def test_tokens_on_unfitted_families():
     # at TP2, whose 3 GiB pool turns 0.11 GiB into 3.8 %
     assert sum(errors) / len(errors) <= 0.006
     assert sorted(errors)[-2] <= 0.015
+
+
+def test_profile_peak_counts_shared_experts_as_a_dense_mlp_and_routed_ones_once():
+    """The dummy forward's widest dense MLP in an MoE model is its shared experts (Qwen2-MoE's
+    one shared_expert_intermediate_size wide, or n_shared_experts of the expert width); its routed
+    experts are the fused-MoE workspace alone. A small-vocabulary config where the forward term
+    decides: 8,192 tokens x 8.2 B x the 8,192-wide shared expert."""
+    from exporter.model.architectures import arch_from_config
+    from exporter.model.kv_cache import CALIBRATION, activation_bytes
+    cfg = {"model_type": "qwen2_moe", "num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+           "num_key_value_heads": 8, "intermediate_size": 2048, "moe_intermediate_size": 256,
+           "num_experts": 8, "num_experts_per_tok": 2, "shared_expert_intermediate_size": 8192,
+           "vocab_size": 1000, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+    m = arch_from_config(cfg, name="moe", where="test")
+    assert m.shared_expert_width == 8192
+    s = Setup.build(m, "H100-80GB", max_model_len=8192, vllm_version="0.19.0")
+    assert s.max_num_batched_tokens == 8192
+    assert activation_bytes(s) == pytest.approx(8192 * CALIBRATION["forward_bytes_per_token_inter"] * 8192)
+    # n_shared_experts of the expert width (DeepSeek style) is the same width
+    deep = arch_from_config({**{k: v for k, v in cfg.items() if k != "shared_expert_intermediate_size"},
+                             "model_type": "deepseek_v2", "n_shared_experts": 32, "n_routed_experts": 8,
+                             "first_k_dense_replace": 0, "q_lora_rank": None, "kv_lora_rank": 512,
+                             "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128},
+                            name="deep", where="test")
+    assert deep.shared_expert_width == 32 * 256
