@@ -143,16 +143,11 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                     tp=hint_int("tp") or 1, pp=hint_int("pp") or 1, quantization=hint("quantization"),
                     max_num_seqs=hint_int("max_num_seqs"), max_num_batched_tokens=hint_int("max_num_batched_tokens"),
                     device_hint=hint("gpu") or None,
-                    enforce_eager=_flag(hint("enforce_eager")), dp=hint_int("dp"),
-                    expert_parallel=_flag(hint("expert_parallel")),
+                    enforce_eager=label_bool(hint("enforce_eager")) is True, dp=hint_int("dp"),
+                    expert_parallel=label_bool(hint("expert_parallel")) is True,
                     # False is a statement here (--no-async-scheduling), not an absent hint
                     async_scheduling=label_bool(spec.async_scheduling if spec.async_scheduling is not None
                                                else labels.get("async_scheduling")))
-
-
-def _flag(value: Any) -> bool:
-    """A boolean hint as a label carries it."""
-    return str(value or "").strip().lower() in ("true", "1", "yes")
 
 
 @dataclass(frozen=True)

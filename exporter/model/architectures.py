@@ -500,6 +500,11 @@ def _rope_parameters(cfg: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {"": rope}
 
 
+def _rope_type(rope: Mapping[str, Any]) -> str:
+    """A rope's type, under either key configs use ("" when it names none)."""
+    return str(rope.get("rope_type") or rope.get("type") or "")
+
+
 # rope types whose vLLM cache spans max_position x factor positions (LinearScalingRotaryEmbedding,
 # DynamicNTKScalingRotaryEmbedding); yarn's spans original_max_position_embeddings x factor
 _ROPE_SCALED_CACHE = ("linear", "dynamic")
@@ -531,17 +536,12 @@ def _rope_cache_elements(cfg: Mapping[str, Any], model_type: str, ropes: Mapping
     glob = dict(ropes.get("full_attention") or ropes.get("") or {})
     full_width = int(cfg.get("global_head_dim") or 512) if model_type.startswith("gemma4") else head_dim
 
-    def key(r: Mapping[str, Any], width: int) -> tuple:
-        kind = str(r.get("rope_type") or r.get("type") or "default")
-        return (kind, float(r.get("rope_theta") or theta or 10000.0), float(r.get("factor") or 1.0), width)
-
-    def size(r: Mapping[str, Any], width: int) -> int:
-        kind, _, factor, _ = key(r, width)
-        return int(config_max_pos * (factor if kind in _ROPE_SCALED_CACHE else 1.0)) * width
-
-    if key(local, head_dim) == key(glob, full_width):
-        return size(local, head_dim)
-    return size(local, head_dim) + size(glob, full_width)
+    caches: dict[tuple, int] = {}       # keyed by the rope's parameters, as _ROPE_DICT shares them
+    for rope, width in ((local, head_dim), (glob, full_width)):
+        kind, factor = _rope_type(rope) or "default", float(rope.get("factor") or 1.0)
+        key = (kind, float(rope.get("rope_theta") or theta or 10000.0), factor, width)
+        caches[key] = int(config_max_pos * (factor if kind in _ROPE_SCALED_CACHE else 1.0)) * width
+    return sum(caches.values())
 
 
 def _opt(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -925,18 +925,16 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     # su / longrope / llama3 (a dynamic NTK rope's too), except that Gemma 3's
     # max_position_embeddings (128K) already counts its linear x8 ("gemma3" not in model_type)
     scaled = [r for r in ropes.values() if r.get("factor")
-              and str(r.get("rope_type") or r.get("type") or "") not in ("su", "longrope", "llama3", "mrope",
-                                                                        "default")]
+              and _rope_type(r) not in ("su", "longrope", "llama3", "mrope", "default")]
     if scaled and "gemma3" not in model_type:
         rope = scaled[-1]
-        kind = str(rope.get("rope_type") or rope.get("type") or "")
+        kind = _rope_type(rope)
         if kind == "yarn" and rope.get("original_max_position_embeddings"):
             max_pos = int(rope["original_max_position_embeddings"])
         max_pos = int(max_pos * float(rope["factor"]))  # as vLLM derives max_model_len
         notes.append(f"rope_scaling {kind or '?'} x{rope['factor']}: max_model_len {max_pos}")
     else:
-        kinds = sorted({str(r.get("rope_type") or r.get("type")) for r in ropes.values()
-                        if (r.get("rope_type") or r.get("type")) not in (None, "default")})
+        kinds = sorted({_rope_type(r) for r in ropes.values()} - {"", "default"})
         if kinds:
             notes.append(f"rope_scaling {', '.join(kinds)}: max_model_len stays max_position_embeddings {max_pos}")
     n_experts = int(_opt(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
