@@ -188,7 +188,7 @@ MIN_FORMAT_ROWS = 10
 # Neutral starting point of a cross-validation fit: round physical guesses, not the shipped fit
 # (which saw every row), so a fold's held-out rows cannot leak in through the start.
 PRIOR = {"bw_eff": 0.8, "flops_eff_bf16": 0.5, "flops_eff_fp8": 0.5, "flops_eff_fp4": 0.5, "step_overhead_s": 1e-3,
-         "layer_sync_s": 20e-6, "per_token_s": 5e-6, "per_seq_s": 1e-6, "moe_bw_eff": 0.9,
+         "layer_sync_s": 20e-6, "per_token_s": 2.5e-6, "per_seq_s": 1e-6, "moe_bw_eff": 0.9,
          "ttft_steps": 3.0, "moe_flops_eff": 0.8, "queue_factor": 0.03, "ttft_prefill_factor": 1.0,
          "attn_bw_eff": 0.8, "sample_sort_s": 2e-5, "layer_s": 10e-6}
 

@@ -332,6 +332,26 @@ class ModelArch:
     def shared_expert_params(self) -> int:
         return self._mlp_matrices * self.hidden_size * self.shared_expert_width
 
+    @property
+    def activation_width(self) -> int:
+        """Activation elements one token passes through, summed over the layers: the residual
+        stream (hidden) plus the MLP width it activates (a dense MLP's intermediate size; in an
+        MoE layer the top-k experts' and the shared experts' width; a Mamba / linear-attention
+        mixer's inner width, 2 x hidden [approximation]). The norms, residual adds, rotary,
+        activation function and activation quantization between a layer's GEMMs read and write
+        about this much per token, so it sets the per-token GPU work (`perf.Shape.token_work`)."""
+        moe = set(self.moe_layers)
+        width = 0
+        for i in range(self.num_layers):
+            width += self.hidden_size
+            if self.has_mixer(i):
+                width += 2 * self.hidden_size
+            if i in moe:
+                width += self.experts_per_token * self.moe_intermediate_size + self.shared_expert_width
+            elif self.has_mlp(i):
+                width += self.intermediate_size
+        return width
+
     def mixer_params(self) -> int:
         """Linear parameters of one Mamba / linear-attention mixer."""
         if self.state and self.state.proj_params:

@@ -37,7 +37,10 @@ class Calibration:
     flops_eff_*   share of the dtype's dense peak a prefill/verify GEMM achieves
     step_overhead_s   fixed cost of an engine step (scheduler, launch, sampler) at TP=1
     layer_sync_s  per-layer cost of a TP all-reduce (latency part; the byte part uses the link)
-    per_token_s   per scheduled token cost outside the roofline (sampling, metadata, small kernels)
+    per_token_s   per scheduled token and million activation elements it passes through
+                  (`Shape.activation_width_m`): the small kernels between a layer's GEMMs (norms,
+                  residual adds, rotary, activation function, activation quantization) read and
+                  write about that many elements, so a 70B token costs five times an 8B one
     ttft_steps    engine steps between a request's arrival and its first token beyond its own
                   prefill (admission, output processing, streaming), as measured by clients
     ttft_fixed_s  fixed client-visible overhead (HTTP, tokenisation, detokenisation)
@@ -55,7 +58,7 @@ class Calibration:
                   top_k/top_p, which vLLM applies by default); the whole vocabulary on every rank,
                   so not split over TP; bandwidth-bound (radix sort), scaled like per_token_s
     ref_bw_tbps   HBM bandwidth the class's `per_token_s` was measured at: the per-token GPU work
-                  (norms, rotary, activation, sampler prep) is bandwidth-bound, so another GPU's
+                  (norms, rotary, activation, quantization) is bandwidth-bound, so another GPU's
                   per-token cost scales with ref_bw / its bandwidth, and with 1/TP
     attn_bw_eff   share of `bw_eff` paged decode attention reaches reading the KV cache (its own
                   kernel, after the GEMMs: short per-request contexts in 16-token blocks)
@@ -157,6 +160,10 @@ MOE_LAYER_FLOOR_S = {"fp8": 40e-6}
 # moe_flops_eff <= 1). Held out: aiconfigurator's B200/H200 rows (MiniMax-M2.5, Kimi-K2.5,
 # gpt-oss on Blackwell); see docs/model.md for the figures. A GEMM-width efficiency (narrow
 # per-rank expert shards) was tried instead and explained little (held-out TTFT 38.5 -> 38.2 %).
+# Since the per-token work follows the activation width (gpt-oss's is a quarter of Qwen3-32B's),
+# the same grid on the gpt-oss rows prefers 0.2 us (TPOT / TTFT 7.3 / 12.3 -> 7.0 / 11.4 %); kept
+# at 0.15: on aiconfigurator's MoE rows 0.2 costs TTFT (20.3 -> ~24 % over the 820), and those
+# rows would then be choosing it.
 MOE_TOKEN_LAYER_S = 0.15e-6
 
 
@@ -207,9 +214,15 @@ CALIBRATIONS: dict[str, Calibration] = {
     # same 53.4 us at TP >= 2; the split is the one the shared TP1 rows prefer, 16 rows of
     # Llama-3.1-70B on H200: TPOT 22.0 -> 14.8 %). moe_flops_eff refitted with MOE_TOKEN_LAYER_S
     # (0.483 -> 1.0, the gpt-oss rows alone).
+    # per_token_s per million activation elements (it was one constant per token, 4.32 us, for a
+    # 0.5M-wide gpt-oss and a 2.9M-wide Llama-3.1-70B alike): refitted alone, the other factors
+    # held, 2.50 us at 3.35 TB/s, ~8 bytes of elementwise traffic per element. The shared rows
+    # barely tell values apart (1.5-3.5 us: TPOT 5.90-5.85 %, TTFT 14.8-15.0 %), so the fit sits
+    # at its prior, the old constant over Qwen3-32B's 2.0M width; fitted from a neutral start
+    # with one family held out it comes to 1.65-1.94 us (the old constant: 3.6-5.4 us).
     "hopper": Calibration("hopper", bw_eff=0.930, flops_eff_bf16=0.569, flops_eff_fp8=0.789,
                           flops_eff_fp4=0.789, step_overhead_s=1.273e-3, layer_sync_s=5.0e-6,
-                          per_token_s=4.32e-6, ttft_steps=3.83, ttft_fixed_s=0.0,
+                          per_token_s=2.50e-6, ttft_steps=3.83, ttft_fixed_s=0.0,
                           moe_flops_eff=1.0, queue_factor=0.0355, ttft_prefill_factor=1.49,
                           source=_FIT_SOURCE, per_seq_s=0.90e-6, moe_bw_eff=0.943,
                           ref_bw_tbps=3.35, attn_bw_eff=0.878, sample_sort_s=29.1e-6,
@@ -308,6 +321,9 @@ class Shape:
     eager_launch_s: float = 0.0     # --enforce-eager: host time launching one step's kernels
     head_flops_per_token: float = 0.0  # 2 x vocab x hidden / TP: the lm_head's part of
                                     # flops_per_token, paid only by tokens that are sampled
+    activation_width_m: float = 1.0  # millions of activation elements a token passes through,
+                                    # all layers (ModelArch.activation_width / 1e6): scales the
+                                    # per-token GPU work (`Calibration.per_token_s`)
 
 
 def _flops_eff(cal: Calibration, shape: Shape) -> float:
@@ -373,7 +389,7 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + shape.moe_floor_s
          + shape.moe_token_s * (prefill_tokens + (cal.moe_decode_token_scale - 1.0) * b * tokens_per_seq)
          + cal.per_seq_s * seqs
-         + cal.per_token_s * bw_scale / shape.tp * tokens
+         + cal.per_token_s * shape.activation_width_m * bw_scale / shape.tp * tokens
          + cal.sample_sort_s * shape.sort_vocab / 1e5 * bw_scale * seqs)
     if shape.tp > 1:
         per_ar = cal.layer_sync_s * shape.allreduce_hops + (2.0 * (shape.tp - 1) / shape.tp * tokens
@@ -694,6 +710,7 @@ def shape_for(setup: Any) -> Shape:
         allreduce_hops=hops,
         eager_launch_s=EAGER_LAYER_LAUNCH_S * m.num_layers if setup.enforce_eager else 0.0,
         head_flops_per_token=2.0 * m.vocab_size * m.hidden_size / tp,
+        activation_width_m=m.activation_width / 1e6,
     )
 
 

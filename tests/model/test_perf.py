@@ -28,7 +28,8 @@ def test_decode_step_of_8b_bf16_on_h100_is_weights_over_bandwidth():
     layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
     weights = (32 * layer + 128256 * 4096 + 4096) * 2
     t = perf.step_time_s(s, decode_seqs=1, decode_context_tokens=1, prefill_tokens=0)
-    expected = weights / (3.35e12 * cal.bw_eff) + cal.step_overhead_s + cal.per_token_s + 32 * cal.layer_s
+    per_token = cal.per_token_s * 32 * (4096 + 14336) / 1e6   # activation width: hidden + MLP, 32 layers
+    expected = weights / (3.35e12 * cal.bw_eff) + cal.step_overhead_s + per_token + 32 * cal.layer_s
     assert t == pytest.approx(expected, rel=0.02)
     # ~16 GB at ~3 TB/s plus the per-layer kernel floor: 5-8 ms, the published H100 batch-1 range
     # for an 8B bf16 model
@@ -72,7 +73,8 @@ def test_prefill_is_compute_bound_and_scales_with_tokens():
     linear = 4096 * flops_per_token / (989e12 * cal.flops_eff_bf16)
     # causal attention: P tokens over P/2 keys on average, 4 x 32 heads x 128 x 32 layers each
     attn = (8192 * 4096 - 4096 * 2048) * 4 * 32 * 128 * 32 / (989e12 * cal.flops_eff_bf16)
-    assert t2 - t1 == pytest.approx(linear + attn + 4096 * cal.per_token_s, rel=0.01)
+    per_token = cal.per_token_s * perf.shape_for(s).activation_width_m
+    assert t2 - t1 == pytest.approx(linear + attn + 4096 * per_token, rel=0.01)
     assert t2 > 1.8 * t1  # no weight-read floor left: compute-bound
 
 
@@ -131,7 +133,7 @@ def test_tp_all_reduce_costs_time_per_layer():
     d = perf.step_time_shape(two, cal, 1, 1, 0) - perf.step_time_shape(one, cal, 1, 1, 0)
     per_ar = cal.layer_sync_s + 2 * 0.5 * 4096 * 2 / one.link_bytes_per_s
     # ... and the per-token small-kernel work of the one token is split over the two ranks
-    assert d == pytest.approx(2 * 32 * per_ar - cal.per_token_s / 2, rel=1e-6)
+    assert d == pytest.approx(2 * 32 * per_ar - cal.per_token_s * one.activation_width_m / 2, rel=1e-6)
 
 
 def test_more_concurrency_raises_tpot_and_throughput_until_saturation():

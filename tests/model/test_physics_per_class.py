@@ -95,11 +95,36 @@ def test_per_token_cost_is_split_over_tp_ranks_and_scales_with_bandwidth():
     lat0 = replace(cal, layer_sync_s=0.0)
     d1 = perf.step_time_shape(sh1, lat0, 0, 0, 2000) - perf.step_time_shape(sh1, lat0, 0, 0, 1000)
     d8 = perf.step_time_shape(sh8, lat0, 0, 0, 2000) - perf.step_time_shape(sh8, lat0, 0, 0, 1000)
-    assert d1 - d8 == pytest.approx(1000 * cal.per_token_s * (1 - 1 / 8), rel=1e-9)
+    assert d1 - d8 == pytest.approx(1000 * cal.per_token_s * sh1.activation_width_m * (1 - 1 / 8), rel=1e-9)
     fast = replace(sh1, bw_bytes_per_s=2 * sh1.bw_bytes_per_s)
     t_fast = perf.step_time_shape(fast, cal, 0, 0, 1, 0)
     t_slow = perf.step_time_shape(sh1, cal, 0, 0, 1, 0)
     assert t_slow > t_fast  # bytes and the per-token work both take half the time
+
+
+def test_per_token_work_follows_the_activation_width_a_token_passes_through():
+    """The norms, residual adds, rotary, activation function and activation quantization between
+    a layer's GEMMs touch the residual stream and the MLP width the token activates: a 70B token
+    costs five times an 8B one, and an MoE token pays only its top-k experts' width."""
+    def width(model):
+        return Setup.build(model, "H100", max_model_len=8192).model.activation_width
+
+    assert width("meta-llama/Llama-3.1-8B-Instruct") == 32 * (4096 + 14336)
+    assert width("meta-llama/Llama-3.1-70B-Instruct") == 80 * (8192 + 28672)
+    assert width("openai/gpt-oss-120b") == 36 * (2880 + 4 * 2880)          # top-4 of 128 experts
+    assert width("Qwen/Qwen3-235B-A22B") == 94 * (4096 + 8 * 1536)         # top-8 of 128
+    cal = replace(perf.calibration_for("H100"), layer_sync_s=0.0)
+    costs = {}
+    for model in ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct"):
+        sh = replace(perf.shape_for(Setup.build(model, "H100", max_model_len=8192)), tp=1)
+        # the per-token term alone: no GEMM, attention or weight read changes it
+        bare = replace(cal, per_token_s=0.0)
+        costs[model] = (perf.step_time_shape(sh, cal, 0, 0, 1000) - perf.step_time_shape(sh, bare, 0, 0, 1000)) / 1000
+    assert costs["meta-llama/Llama-3.1-70B-Instruct"] / costs["meta-llama/Llama-3.1-8B-Instruct"] == \
+        pytest.approx(80 * (8192 + 28672) / (32 * (4096 + 14336)), rel=1e-9)
+    # ~8 bytes of elementwise traffic per activation element at the class's reference bandwidth:
+    # a microsecond or two per 8B token on an H100, several for a 70B one
+    assert 1e-6 < costs["meta-llama/Llama-3.1-8B-Instruct"] < 3e-6 < costs["meta-llama/Llama-3.1-70B-Instruct"] < 12e-6
 
 
 def test_blackwell_has_its_own_class_and_host_costs_carry_over():
