@@ -339,7 +339,8 @@ class ModelArch:
         MoE layer the top-k experts' and the shared experts' width; a Mamba / linear-attention
         mixer's inner width, 2 x hidden [approximation]). The norms, residual adds, rotary,
         activation function and activation quantization between a layer's GEMMs read and write
-        about this much per token, so it sets the per-token GPU work (`perf.Shape.token_work`)."""
+        about this much per token, so it sets the per-token GPU work
+        (`perf.Shape.activation_width_m`)."""
         moe = set(self.moe_layers)
         width = 0
         for i in range(self.num_layers):

@@ -322,8 +322,9 @@ class Shape:
     head_flops_per_token: float = 0.0  # 2 x vocab x hidden / TP: the lm_head's part of
                                     # flops_per_token, paid only by tokens that are sampled
     activation_width_m: float = 1.0  # millions of activation elements a token passes through,
-                                    # all layers (ModelArch.activation_width / 1e6): scales the
-                                    # per-token GPU work (`Calibration.per_token_s`)
+                                    # all layers (ModelArch.activation_width / 1e6, which
+                                    # shape_for always sets): scales the per-token GPU work
+                                    # (`Calibration.per_token_s`)
 
 
 def _flops_eff(cal: Calibration, shape: Shape) -> float:
