@@ -147,6 +147,22 @@ MOE_FORMAT_EFF_BY_CLASS = {("blackwell", "fp8"): 1.0}
 # MiniMax from 12.6 / 18.4 % (B200 / H200) to 10.9 / 13.3 %.
 MOE_LAYER_FLOOR_S = {"fp8": 40e-6}
 
+# Whether a routed-expert GEMM's math hides under its weight reads (roofline: the longer of the
+# two) or adds to them. vLLM runs MoE experts through Triton kernels on Hopper (block FP8:
+# `fused_moe`, which fused_moe/oracle/fp8.py puts first for TP on SM90; MXFP4: triton_kernels'
+# matmul_ogs; BF16: `fused_moe`) and Marlin for INT4 weights on any class. At serving batch sizes
+# each expert multiplies its weight tiles against a few rows (tokens x top-k / E), and these
+# kernels load a tile, then compute on it: the math adds to the reads. Blackwell's FP8, FP4 and
+# BF16 experts go through FlashInfer's TRT-LLM / CUTLASS grouped GEMMs (first in the same oracles,
+# fp8.py and unquantized.py, off SM90), warp-specialized (TMA producer warps feed the tensor-core
+# warps), which overlap the two.
+# Chosen on the shared rows (Hopper only), cross-validated by leaving a model family out
+# (benchmarks/accuracy_latency.py --cv, family folds TPOT / TTFT 6.9 / 24.1 -> 6.4 / 18.6 %);
+# the Blackwell exception follows the kernels vLLM picks, and aiconfigurator's B200 rows agree
+# with it (FP8 MiniMax-M2.5 and MXFP4 gpt-oss TTFT worse when serialised, INT4 Kimi-K2.5 on
+# Marlin better): those rows were looked at, so they are not held out for it.
+MOE_OVERLAPPED = {("blackwell", "fp8"), ("blackwell", "mxfp4"), ("blackwell", "bf16")}
+
 # MoE prefill time that tensor parallelism does not split: per prompt token of the step and MoE
 # layer, on every rank. With plain TP each rank runs the routing (gate, top-k), the sort of
 # token-expert pairs by expert and the permutation of the activations over ALL tokens, and only
@@ -321,6 +337,10 @@ class Shape:
     eager_launch_s: float = 0.0     # --enforce-eager: host time launching one step's kernels
     head_flops_per_token: float = 0.0  # 2 x vocab x hidden / TP: the lm_head's part of
                                     # flops_per_token, paid only by tokens that are sampled
+    expert_flops_per_token: float = 0.0  # the routed experts' part of flops_per_token (2 x top-k
+                                    # x expert params x MoE layers / TP) where the MoE kernel's
+                                    # math adds to its weight reads; 0 where it
+                                    # overlaps them (MOE_OVERLAPPED) and for dense models
     activation_width_m: float = 1.0  # millions of activation elements a token passes through,
                                     # all layers (ModelArch.activation_width / 1e6, which
                                     # shape_for always sets): scales the per-token GPU work
@@ -371,7 +391,13 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     # positions, one per prefill; a prompt's other tokens skip the lm_head GEMM
     sampled = b * tokens_per_seq + (1.0 if prefill_tokens else 0.0)
     flops = shape.flops_per_token * tokens - shape.head_flops_per_token * max(tokens - sampled, 0.0)
-    t_gemm = max(t_w, flops / eff_peak)
+    if shape.expert_flops_per_token:
+        # MoE through Triton or Marlin kernels (not MOE_OVERLAPPED): the dense GEMMs on their
+        # roofline, then the routed experts' weight reads and their math, one after the other
+        f_exp = min(shape.expert_flops_per_token * tokens, flops)
+        t_gemm = (max(w / bw, (flops - f_exp) / eff_peak) + (t_w - w / bw) + f_exp / eff_peak)
+    else:
+        t_gemm = max(t_w, flops / eff_peak)
     # attention: decode queries each over their context; prefill causal over the chunk plus the
     # already-computed prefix
     attn_flops = tokens_per_seq * (decode_context_tokens * shape.attn_flops_per_ctx_token
@@ -711,6 +737,8 @@ def shape_for(setup: Any) -> Shape:
         allreduce_hops=hops,
         eager_launch_s=EAGER_LAYER_LAUNCH_S * m.num_layers if setup.enforce_eager else 0.0,
         head_flops_per_token=2.0 * m.vocab_size * m.hidden_size / tp,
+        expert_flops_per_token=(2.0 * len(m.moe_layers) * m.experts_per_token * m.expert_params() / tp
+                                if m.is_moe and experts and (cls, fmt) not in MOE_OVERLAPPED else 0.0),
         activation_width_m=m.activation_width / 1e6,
     )
 

@@ -1,7 +1,8 @@
 """The physics of issue 14 on hand-computable cases: experts over tp x dp ranks (with and without
 expert parallelism), the V0 era's device-wide non-torch memory, the per-token cost split over
 TP, per-GPU-class factors, the fused-MoE kernel efficiency per weight format, the all-reduce
-latency by interconnect and admission by KV blocks rather than by requests."""
+latency by interconnect, the MoE kernels that serialise the experts' math after their reads, and
+admission by KV blocks rather than by requests."""
 from __future__ import annotations
 
 import json
@@ -261,6 +262,49 @@ def test_block_fp8_experts_pay_a_floor_per_moe_layer_and_blackwell_reads_them_na
         == pytest.approx(94 * 40e-6)
     assert fp8.expert_kernel_eff == perf.MOE_FORMAT_EFF["fp8"] < 1.0
     assert shape("B200", "fp8").expert_kernel_eff == 1.0
+
+
+def test_triton_and_marlin_moe_add_the_experts_math_to_their_reads_blackwell_overlaps_them():
+    """Where vLLM runs the routed experts through Triton (Hopper: block FP8, MXFP4, BF16) or
+    Marlin (INT4, any class), a step pays the experts' weight reads and then their math; the
+    dense GEMMs stay on their roofline. Blackwell's FP8 / FP4 grouped GEMMs (FlashInfer) overlap
+    the two, so the whole step's GEMMs keep the one roofline there."""
+    def parts(model, gpu, quant=None, tp=2):
+        s = Setup.build(model, gpu, tp=tp, quantization=quant, max_model_len=8192)
+        return perf.shape_for(s), perf.calibration_for(s.gpu.name), s.model
+    shape, cal, m = parts("MiniMaxAI/MiniMax-M2.5", "H200", "fp8")
+    # 2 FLOPs x top-8 x one expert's params x 62 MoE layers, halved over TP 2
+    assert shape.expert_flops_per_token == pytest.approx(2 * 8 * m.expert_params() * 62 / 2)
+    assert 0 < shape.expert_flops_per_token < shape.flops_per_token
+    # 512 decoding requests: every expert touched, so their reads are all the expert bytes
+    b, ctx = 512, 512 * 1536.0
+    step = perf.step_time_shape(shape, cal, b, ctx, 0.0)
+    no_math = perf.step_time_shape(replace(shape, expert_flops_per_token=0.0), cal, b, ctx, 0.0)
+    peak = cal.flops_eff_fp8 * shape.peak_flops
+    expert_math = shape.expert_flops_per_token * b / peak
+    dense_math = (shape.flops_per_token - shape.expert_flops_per_token) * b / peak
+    dense_read = shape.dense_weight_bytes / (cal.bw_eff * shape.bw_bytes_per_s)
+    expert_read = shape.dense_weight_bytes + shape.expert_weight_bytes  # all touched at 512
+    assert (dense_math + expert_math) < expert_read / (cal.bw_eff * shape.bw_bytes_per_s)
+    assert expert_math > 1e-3               # a millisecond or more of expert math per step
+    # one roofline over all GEMMs (no_math) hides every FLOP under the reads; serialised, the
+    # step adds the experts' math and whatever of the dense math outlasts the dense reads
+    assert step - no_math == pytest.approx(expert_math + max(dense_math - dense_read, 0.0), rel=1e-6)
+    # so each added request costs its KV read plus its share of the experts' math
+    added = perf.step_time_shape(shape, cal, b + 64, ctx + 64 * 1536.0, 0.0) - step
+    kv_read = 64 * 1536 * shape.kv_bytes_per_ctx_token * cal.kv_read_scale / (
+        cal.bw_eff * shape.bw_bytes_per_s * cal.attn_bw_eff)
+    assert added > kv_read + 64 * shape.expert_flops_per_token / peak
+    assert perf.step_time_shape(replace(shape, expert_flops_per_token=0.0), cal, b + 64, ctx + 64 * 1536.0,
+                                0.0) - no_math < kv_read + 64 * shape.expert_flops_per_token / peak
+    # Kimi-K2.5's INT4 experts run Marlin on Blackwell too: serialised there
+    assert parts("moonshotai/Kimi-K2.5", "B200", tp=8)[0].expert_flops_per_token > 0
+    # Blackwell FP8, MXFP4 and BF16 experts: overlapped, one roofline over all the step's GEMMs
+    for model, quant in (("MiniMaxAI/MiniMax-M2.5", "fp8"), ("openai/gpt-oss-120b", None), (MOE, None)):
+        bw_shape, bw_cal, _ = parts(model, "B200", quant)
+        assert bw_shape.expert_flops_per_token == 0.0
+    # dense models have no expert part
+    assert parts("meta-llama/Llama-3.1-70B", "H200", "fp8")[0].expert_flops_per_token == 0.0
 
 
 def test_moe_prefill_keeps_a_per_token_part_that_tp_does_not_split():
