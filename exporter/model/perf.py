@@ -157,7 +157,7 @@ MOE_LAYER_FLOOR_S = {"fp8": 40e-6}
 # fp8.py and unquantized.py, off SM90), warp-specialized (TMA producer warps feed the tensor-core
 # warps), which overlap the two.
 # Chosen on the shared rows (Hopper only), cross-validated by leaving a model family out
-# (benchmarks/accuracy_latency.py --cv, family folds TPOT / TTFT 6.9 / 24.1 -> 6.4 / 18.6 %);
+# (benchmarks/accuracy_latency.py --cv, family folds TPOT / TTFT 6.9 / 24.1 -> 6.4 / 20.3 %);
 # the Blackwell exception follows the kernels vLLM picks, and aiconfigurator's B200 rows agree
 # with it (FP8 MiniMax-M2.5 and MXFP4 gpt-oss TTFT worse when serialised, INT4 Kimi-K2.5 on
 # Marlin better): those rows were looked at, so they are not held out for it.
@@ -339,8 +339,8 @@ class Shape:
                                     # flops_per_token, paid only by tokens that are sampled
     expert_flops_per_token: float = 0.0  # the routed experts' part of flops_per_token (2 x top-k
                                     # x expert params x MoE layers / TP) where the MoE kernel's
-                                    # math adds to its weight reads; 0 where it
-                                    # overlaps them (MOE_OVERLAPPED) and for dense models
+                                    # math adds to its weight reads; 0 where the kernel overlaps
+                                    # the two (MOE_OVERLAPPED) and for dense models
     activation_width_m: float = 1.0  # millions of activation elements a token passes through,
                                     # all layers (ModelArch.activation_width / 1e6, which
                                     # shape_for always sets): scales the per-token GPU work
@@ -382,10 +382,11 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     # GEMMs (dense weights, routed experts) and attention are separate kernels of the step, each
     # bound by its own roofline, one after the other: the KV read does not hide under the GEMMs'
     # compute (a prefill-heavy mixed step pays both)
-    t_w = w / bw
+    t_dense = w / bw
+    t_experts = 0.0
     if w_exp:
         bw_exp = cal.bw_eff * min(shape.bw_bytes_per_s, shape.expert_stream_bps or math.inf)
-        t_w += w_exp / (bw_exp * cal.moe_bw_eff * shape.expert_kernel_eff)
+        t_experts = w_exp / (bw_exp * cal.moe_bw_eff * shape.expert_kernel_eff)
     eff_peak = _flops_eff(cal, shape) * shape.peak_flops
     # logits only where a token is sampled (vLLM's logits_indices): every decoding request's
     # positions, one per prefill; a prompt's other tokens skip the lm_head GEMM
@@ -395,9 +396,9 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
         # MoE through Triton or Marlin kernels (not MOE_OVERLAPPED): the dense GEMMs on their
         # roofline, then the routed experts' weight reads and their math, one after the other
         f_exp = min(shape.expert_flops_per_token * tokens, flops)
-        t_gemm = (max(w / bw, (flops - f_exp) / eff_peak) + (t_w - w / bw) + f_exp / eff_peak)
+        t_gemm = max(t_dense, (flops - f_exp) / eff_peak) + t_experts + f_exp / eff_peak
     else:
-        t_gemm = max(t_w, flops / eff_peak)
+        t_gemm = max(t_dense + t_experts, flops / eff_peak)
     # attention: decode queries each over their context; prefill causal over the chunk plus the
     # already-computed prefix
     attn_flops = tokens_per_seq * (decode_context_tokens * shape.attn_flops_per_ctx_token
