@@ -738,7 +738,7 @@ def shape_for(setup: Any) -> Shape:
         allreduce_hops=hops,
         eager_launch_s=EAGER_LAYER_LAUNCH_S * m.num_layers if setup.enforce_eager else 0.0,
         head_flops_per_token=2.0 * m.vocab_size * m.hidden_size / tp,
-        expert_flops_per_token=(2.0 * len(m.moe_layers) * m.experts_per_token * m.expert_params() / tp
+        expert_flops_per_token=(2.0 * experts * m.experts_per_token / m.num_experts / tp
                                 if m.is_moe and experts and (cls, fmt) not in MOE_OVERLAPPED else 0.0),
         activation_width_m=m.activation_width / 1e6,
     )

@@ -278,14 +278,15 @@ def test_triton_and_marlin_moe_add_the_experts_math_to_their_reads_blackwell_ove
     assert 0 < shape.expert_flops_per_token < shape.flops_per_token
     # 512 decoding requests: every expert touched, so their reads are all the expert bytes
     b, ctx = 512, 512 * 1536.0
+    one_roofline = replace(shape, expert_flops_per_token=0.0)
     step = perf.step_time_shape(shape, cal, b, ctx, 0.0)
-    no_math = perf.step_time_shape(replace(shape, expert_flops_per_token=0.0), cal, b, ctx, 0.0)
+    no_math = perf.step_time_shape(one_roofline, cal, b, ctx, 0.0)
     peak = cal.flops_eff_fp8 * shape.peak_flops
     expert_math = shape.expert_flops_per_token * b / peak
     dense_math = (shape.flops_per_token - shape.expert_flops_per_token) * b / peak
     dense_read = shape.dense_weight_bytes / (cal.bw_eff * shape.bw_bytes_per_s)
-    expert_read = shape.dense_weight_bytes + shape.expert_weight_bytes  # all touched at 512
-    assert (dense_math + expert_math) < expert_read / (cal.bw_eff * shape.bw_bytes_per_s)
+    all_weights = shape.dense_weight_bytes + shape.expert_weight_bytes  # all touched at 512
+    assert (dense_math + expert_math) < all_weights / (cal.bw_eff * shape.bw_bytes_per_s)
     assert expert_math > 1e-3               # a millisecond or more of expert math per step
     # one roofline over all GEMMs (no_math) hides every FLOP under the reads; serialised, the
     # step adds the experts' math and whatever of the dense math outlasts the dense reads
@@ -295,14 +296,13 @@ def test_triton_and_marlin_moe_add_the_experts_math_to_their_reads_blackwell_ove
     kv_read = 64 * 1536 * shape.kv_bytes_per_ctx_token * cal.kv_read_scale / (
         cal.bw_eff * shape.bw_bytes_per_s * cal.attn_bw_eff)
     assert added > kv_read + 64 * shape.expert_flops_per_token / peak
-    assert perf.step_time_shape(replace(shape, expert_flops_per_token=0.0), cal, b + 64, ctx + 64 * 1536.0,
-                                0.0) - no_math < kv_read + 64 * shape.expert_flops_per_token / peak
+    assert perf.step_time_shape(one_roofline, cal, b + 64, ctx + 64 * 1536.0, 0.0) - no_math \
+        < kv_read + 64 * shape.expert_flops_per_token / peak
     # Kimi-K2.5's INT4 experts run Marlin on Blackwell too: serialised there
     assert parts("moonshotai/Kimi-K2.5", "B200", tp=8)[0].expert_flops_per_token > 0
     # Blackwell FP8, MXFP4 and BF16 experts: overlapped, one roofline over all the step's GEMMs
     for model, quant in (("MiniMaxAI/MiniMax-M2.5", "fp8"), ("openai/gpt-oss-120b", None), (MOE, None)):
-        bw_shape, bw_cal, _ = parts(model, "B200", quant)
-        assert bw_shape.expert_flops_per_token == 0.0
+        assert parts(model, "B200", quant)[0].expert_flops_per_token == 0.0
     # dense models have no expert part
     assert parts("meta-llama/Llama-3.1-70B", "H200", "fp8")[0].expert_flops_per_token == 0.0
 
