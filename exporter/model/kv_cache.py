@@ -29,8 +29,8 @@ from exporter.errors import InputError
 from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA, MAMBA1_TYPES,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
-                                   MAMBA2_PREFILL_CHECKPOINT, SMALL_SAMPLER, STATE_ALIGN_TO_BLOCK,
-                                   TOKENS_FROM_CONCURRENCY, Setup)
+                                   FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, SMALL_SAMPLER,
+                                   STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY, Setup)
 
 GIB = 1024**3
 
@@ -344,13 +344,18 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     if stage != setup.pp - 1:
         return forward
     rows = min(setup.max_num_seqs, tokens)
-    if setup.v0:
-        # V0 profiled one un-chunked prefill of max_num_batched_tokens and sampled its
-        # max_num_seqs last tokens; both peaks add up
-        return forward + (c["sampler_bytes_per_logit"] + setup.dtype_bytes) * rows * m.vocab_size + moe_ws
-    per_logit = (c["sampler_bytes_per_logit"] if setup.vllm_version >= SMALL_SAMPLER
-                 else c["sampler_bytes_per_logit_pre017"])
+    small = setup.vllm_version >= SMALL_SAMPLER or (
+        not setup.v0 and FLASHINFER_SAMPLER[0] <= setup.vllm_version < FLASHINFER_SAMPLER[1])
+    # V0's dummy run (top_p 0.99, top_k vocab - 1) sorted the vocabulary in PyTorch like V1's native
+    # top-k/top-p path, and its peak is the larger of the forward's and the sampler's (the forward's
+    # activations are freed before sampling): public V0 startups log 0.90 GiB for Llama-3.2-3B on
+    # a T4 at 0.8.2 (192 rows: sampler 0.89, forward 0.13), 1.40 for a Qwen2-7B on a V100 at 0.7.1
+    # (256 rows: sampler 1.41), 4.35 for Qwen2.5-7B there at 0.8.5 (a 32,768-token forward: 4.74)
+    # (tests/model/test_public_startups_gpus.py)
+    per_logit = c["sampler_bytes_per_logit"] if small else c["sampler_bytes_per_logit_pre017"]
     sampler = (per_logit + setup.dtype_bytes) * rows * m.vocab_size
+    if setup.v0:
+        return max(forward, sampler) + moe_ws
     return max(forward, sampler + moe_ws)
 
 

@@ -18,8 +18,18 @@ from exporter.model.gpus import GPU, resolve_gpu
 # Version milestones (vLLM releases) that change capacity accounting. Sources:
 # ../shared/reference/perf-model.md section 1.1 "Version history".
 V1_DEFAULT = (0, 8, 0)          # V1 engine on by default; before: V0, logs "# GPU blocks"
+# ... except on NVIDIA GPUs below compute capability 8.0 (Volta, Turing), where `_is_v1_supported_oracle`
+# fell back to V0 ("Compute Capability < 8.0") until V1 ran there on FlexAttention (vllm PR #23614,
+# merged Aug 26 2025, first in 0.10.2)
+V1_BEFORE_AMPERE = (0, 10, 2)
 BATCH_DEFAULTS_BY_GPU = (0, 9, 0)  # get_batch_defaults: 8192/1024 on >=70 GiB non-A100 GPUs (vllm PR #17885, May 2025)
 SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR #205 blog)
+# V1's dummy sampler ran FlashInfer's top-k/top-p kernel (no sort of the vocabulary) where FlashInfer
+# was installed (vLLM's images) from the release that adapted to FlashInfer 0.2.3's sampler API
+# (vllm PR #15777; 0.9.x logs still print "disabled because FlashInfer>=v0.2.3", 0.10.1.1 and 0.11.0
+# print "Using FlashInfer for top-p & top-k sampling") until it was disabled by default (vllm PR
+# #26859, Oct 15 2025, first in 0.11.1): its profiled peak is the small sampler's
+FLASHINFER_SAMPLER = ((0, 10, 1), (0, 11, 1))
 UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vllm PR #38284; config/cache.py of 0.20.0)
 KV_FROM_CHECKPOINT = (0, 13, 0)  # `--kv-cache-dtype auto` follows the checkpoint's KV scheme (vllm PR #29980, merged Dec 2025) [release inferred from the merge date]
 # the CUDA-graph memory estimate subtracted from the pool: measured from 0.18.0 but applied only under
@@ -72,6 +82,19 @@ _DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16"
 MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")   # vLLM's MambaDType (bfloat16 from 0.22.0)
 _KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8_inc": "fp8",
               "fp8_ds_mla": "fp8_ds_mla", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def engine_is_v0(version: Version, dev: GPU) -> bool:
+    """Whether vLLM `version` runs the V0 engine on `dev`: every release before V1_DEFAULT, and on
+    NVIDIA GPUs below compute capability 8.0 those before V1_BEFORE_AMPERE (V1 fell back to V0)."""
+    if version < V1_DEFAULT:
+        return True
+    if version >= V1_BEFORE_AMPERE or dev.vendor != "nvidia" or not dev.compute_capability:
+        return False
+    try:
+        return int(dev.compute_capability.split(".")[0]) < 8
+    except ValueError:
+        return False
 
 
 def parse_version(text: str | tuple | None) -> Version:
@@ -130,7 +153,7 @@ class Setup:
 
     @property
     def v0(self) -> bool:
-        return self.vllm_version < V1_DEFAULT
+        return engine_is_v0(self.vllm_version, self.gpu)
 
     @property
     def num_gpus(self) -> int:
@@ -270,7 +293,7 @@ class Setup:
         if max_model_len is not None and max_model_len != -1 and max_model_len < 1:
             raise InputError(f"--max-model-len must be positive, or auto / -1 (got {max_model_len})")
         mml = arch.max_position_embeddings if max_model_len in (None, -1) else int(max_model_len)
-        v0 = version < V1_DEFAULT
+        v0 = engine_is_v0(version, dev)
         if v0:
             seqs = max_num_seqs or 256
             # V0 turned chunked prefill on by itself only for contexts > 32k, and not for models
