@@ -349,9 +349,9 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     # V0's dummy run (top_p 0.99, top_k vocab - 1) sorted the vocabulary in PyTorch like V1's native
     # top-k/top-p path, and its peak is the larger of the forward's and the sampler's (the forward's
     # activations are freed before sampling): public V0 startups log 0.90 GiB for Llama-3.2-3B on
-    # a T4 at 0.8.2 (192 rows: sampler 0.89, forward 0.13), 1.40 for a Qwen2-7B on a V100 at 0.7.1
-    # (256 rows: sampler 1.41), 4.35 for Qwen2.5-7B there at 0.8.5 (a 32,768-token forward: 4.74)
-    # (tests/model/test_public_startups_gpus.py)
+    # a T4 at 0.8.2 (192 rows: sampler 0.89, forward 0.13) and 4.35 for Qwen2.5-7B on a V100 at
+    # 0.8.5 (a 32,768-token forward: 4.74; tests/model/test_public_startups_gpus.py); also 1.40
+    # for two Qwen2 models at 0.7.x (1.41) and 1.83 for Phi-4-mini's 200k vocabulary (1.86)
     per_logit = c["sampler_bytes_per_logit"] if small else c["sampler_bytes_per_logit_pre017"]
     sampler = (per_logit + setup.dtype_bytes) * rows * m.vocab_size
     if setup.v0:

@@ -84,17 +84,25 @@ _KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"
               "fp8_ds_mla": "fp8_ds_mla", "bfloat16": "bfloat16", "float16": "float16"}
 
 
+def nvidia_capability(dev: GPU) -> int | None:
+    """An NVIDIA device's compute capability as vLLM compares it (8.6 -> 86); None for other
+    vendors and rows that do not give it."""
+    if dev.vendor != "nvidia" or not dev.compute_capability:
+        return None
+    try:
+        major, minor = (int(x) for x in dev.compute_capability.split(".")[:2])
+    except ValueError:
+        return None
+    return major * 10 + minor
+
+
 def engine_is_v0(version: Version, dev: GPU) -> bool:
     """Whether vLLM `version` runs the V0 engine on `dev`: every release before V1_DEFAULT, and on
     NVIDIA GPUs below compute capability 8.0 those before V1_BEFORE_AMPERE (V1 fell back to V0)."""
     if version < V1_DEFAULT:
         return True
-    if version >= V1_BEFORE_AMPERE or dev.vendor != "nvidia" or not dev.compute_capability:
-        return False
-    try:
-        return int(dev.compute_capability.split(".")[0]) < 8
-    except ValueError:
-        return False
+    cc = nvidia_capability(dev)
+    return version < V1_BEFORE_AMPERE and cc is not None and cc < 80
 
 
 def parse_version(text: str | tuple | None) -> Version:
@@ -367,13 +375,9 @@ def check_device(dev: GPU, *, dtype: str | None, quantization: str | None) -> No
     capability 8.0 (`check_if_supports_dtype`; `auto` falls back to float16 there, which
     `Setup.build` does), and a weight scheme whose kernels need a newer GPU (`verify_quantization`:
     "The quantization method fp8 is not supported for the current GPU")."""
-    if dev.vendor != "nvidia" or not dev.compute_capability:
+    cc = nvidia_capability(dev)
+    if cc is None:
         return
-    try:
-        major, minor = (int(x) for x in dev.compute_capability.split(".")[:2])
-    except ValueError:
-        return
-    cc = major * 10 + minor
     if dtype == "bfloat16" and cc < 80:
         raise InputError(f"Bfloat16 is only supported on GPUs with compute capability of at least 8.0; "
                          f"{dev.name} has {dev.compute_capability}: vLLM refuses --dtype bfloat16 there "
