@@ -29,42 +29,40 @@ QWEN2_7B = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf-configs" /
 A100_SWEEP = "github.com/dennislee22/vLLM-benchmarking"
 
 # Llama-3.2-3B-Instruct's config.json (the Colab run served unsloth's copy of it)
-LLAMA_32_3B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
-               "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
-               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
-               "max_position_embeddings": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+LLAMA_32_3B = arch_from_config(
+    {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
+     "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
+     "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+     "max_position_embeddings": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
+    name="unsloth/Llama-3.2-3B-Instruct", where="test")
 
-# (source, model, gpu, version, Setup.build flags, logged KV tokens or None, logged pool GiB)
+# (id, source, model, gpu, version, Setup.build flags, logged KV tokens or None, logged pool GiB)
 STARTUPS = [
-    (f"{A100_SWEEP} log/vllm-7B-1gpuA10080GB-0.25GRAM.log", QWEN2_7B, "A100-80GB", "0.10.1",
+    ("a100-tp1-util0.25", f"{A100_SWEEP} log/vllm-7B-1gpuA10080GB-0.25GRAM.log", QWEN2_7B, "A100-80GB", "0.10.1",
      dict(tp=1, max_model_len=16384, gpu_memory_utilization=0.25), 93872, 5.01),
-    (f"{A100_SWEEP} log/vllm-7B-1gpuA10080GB-0.5GRAM.log", QWEN2_7B, "A100-80GB", "0.10.1",
+    ("a100-tp1-util0.5", f"{A100_SWEEP} log/vllm-7B-1gpuA10080GB-0.5GRAM.log", QWEN2_7B, "A100-80GB", "0.10.1",
      dict(tp=1, max_model_len=16384, gpu_memory_utilization=0.5), 464848, 24.83),
-    (f"{A100_SWEEP} vllm-7B-2gpuA10080GB-same-node.log", QWEN2_7B, "A100-80GB", "0.10.1",
+    ("a100-tp2-util0.25", f"{A100_SWEEP} vllm-7B-2gpuA10080GB-same-node.log", QWEN2_7B, "A100-80GB", "0.10.1",
      dict(tp=2, max_model_len=16384, gpu_memory_utilization=0.25), 450192, 12.02),
-    (f"{A100_SWEEP} log/vllm-7B-2gpuA10080GB-0.5GRAM-same-node.log", QWEN2_7B, "A100-80GB", "0.10.1",
+    ("a100-tp2-util0.5", f"{A100_SWEEP} log/vllm-7B-2gpuA10080GB-0.5GRAM-same-node.log", QWEN2_7B, "A100-80GB", "0.10.1",
      dict(tp=2, max_model_len=16384, gpu_memory_utilization=0.5), 1192160, 31.83),
     # "# cuda blocks: 3637" (V0's line) at block size 16; total 14.74 GiB as the log printed it
-    ("github.com/huggingface/cookbook notebooks/en/fine_tune_chatbot_docs_synthetic.ipynb",
+    ("t4-v0", "github.com/huggingface/cookbook notebooks/en/fine_tune_chatbot_docs_synthetic.ipynb",
      LLAMA_32_3B, "T4", "0.8.2",
      dict(dtype="float16", max_model_len=2048, gpu_memory_utilization=0.8938626454842437,
           max_num_batched_tokens=2048, max_num_seqs=192, gpu_memory_gib=14.74), 3637 * 16, 6.22),
     # the model's default context (32,768), fp16; the log gives the memory split, not the tokens
-    ("zhuanlan.zhihu.com/p/1916529253169734444", "Qwen/Qwen2.5-7B-Instruct", "Tesla V100-SXM2-32GB",
+    ("v100-v0", "zhuanlan.zhihu.com/p/1916529253169734444", "Qwen/Qwen2.5-7B-Instruct", "Tesla V100-SXM2-32GB",
      "0.8.5", dict(dtype="float16"), None, 9.88),
 ]
 
 
 def _capacity(model, gpu, version, flags):
-    arch = arch_from_config(model, name="unsloth/Llama-3.2-3B-Instruct", where="test") \
-        if isinstance(model, dict) else model
-    return kv_capacity(Setup.build(arch, gpu, vllm_version=version, **flags))
+    return kv_capacity(Setup.build(model, gpu, vllm_version=version, **flags))
 
 
-@pytest.mark.parametrize("source,model,gpu,version,flags,tokens,pool_gib", STARTUPS,
-                         ids=[f"{r[2]}-{r[3]}-{r[1].get('model_type') if isinstance(r[1], dict) else Path(r[1]).name}"
-                              f"-{r[4].get('tp', 1)}-{r[4].get('gpu_memory_utilization', 'default')}"
-                              for r in STARTUPS])
+@pytest.mark.parametrize("source,model,gpu,version,flags,tokens,pool_gib", [r[1:] for r in STARTUPS],
+                         ids=[r[0] for r in STARTUPS])
 def test_pool_within_half_a_gib_of_the_log(source, model, gpu, version, flags, tokens, pool_gib):
     """Weights, the profile's peak and non-torch memory together within 0.5 GiB of the log (the
     V100's forward over 32,768 tokens is the largest miss: 4.74 GiB predicted, 4.35 logged)."""
@@ -73,7 +71,7 @@ def test_pool_within_half_a_gib_of_the_log(source, model, gpu, version, flags, t
 
 
 def test_tokens_on_gpus_nobody_calibrated():
-    errors = [abs(_capacity(m, g, v, f).tokens - t) / t for _, m, g, v, f, t, _ in STARTUPS if t]
+    errors = [abs(_capacity(m, g, v, f).tokens - t) / t for _, _, m, g, v, f, t, _ in STARTUPS if t]
     # mean 1.8 % (before the V0 fallback, V0's sampler and 0.10.1's FlashInfer sampler: 7.9 %,
     # the A100 TP1 row at a quarter of the memory -19 %)
     assert sum(errors) / len(errors) <= 0.025
