@@ -25,7 +25,7 @@ from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
-from exporter.model.setup import KV_CACHE_MEMORY_BYTES, Setup
+from exporter.model.setup import KV_CACHE_MEMORY_BYTES, V1_DEFAULT, Setup
 from exporter.model.traffic import SLO, lengths_from_file
 from exporter.model import tradeoff
 
@@ -312,6 +312,14 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
         notes.append(f"KV cache fp8 assumed for {setup.quantization} weights, as such checkpoints are served "
                      "(ModelOpt's carry FP8 KV scales; benchmark recipes pass --kv-cache-dtype fp8); "
                      "pass --kv-cache-dtype auto for vLLM's default with a runtime --quantization")
+    if setup.v0 and setup.vllm_version >= V1_DEFAULT:
+        # V1 fell back to V0 on this GPU (setup.V1_BEFORE_AMPERE): what the operator will see differs
+        profile = (f"a chunked prefill of {setup.max_num_batched_tokens} tokens" if setup.enable_chunked_prefill
+                   else f"one un-chunked prefill of {setup.max_num_batched_tokens} tokens (V0 chunks prefills "
+                        "by itself only above 32k context)")
+        notes.append(f"vLLM {'.'.join(map(str, setup.vllm_version))} runs the V0 engine on {setup.gpu.name} "
+                     f"(compute capability {setup.gpu.compute_capability}; V1 needs 8.0 before 0.10.2): it "
+                     f"logs '# GPU blocks' and its memory profile is {profile}")
     if setup.kv_cache_memory_bytes and setup.vllm_version < KV_CACHE_MEMORY_BYTES:
         notes.append(f"--kv-cache-memory-bytes: vLLM {'.'.join(map(str, setup.vllm_version))} may not have it "
                      f"(added in 0.10.2 by vllm PR #21489); the pool is the bytes as given")

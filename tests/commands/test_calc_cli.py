@@ -327,3 +327,17 @@ def test_a_hybrid_mamba_moe_model_is_sized_and_predicted():
     assert doc["kv_cache"]["tokens"] > 0 and doc["predicted"]["tpot_s"] > 0
     # FP8 linear layers (31.6B parameters in all): about half the 58.9 GiB the BF16 release loads
     assert 28.0 < doc["memory"]["weights_gib"] < 32.0
+
+
+def test_a_pre_ampere_gpu_on_a_v1_release_is_sized_as_v0_and_says_so():
+    """vLLM 0.8-0.10.1 fell back to V0 below compute capability 8.0: a V100 at 0.8.5 profiles
+    its whole 32,768-token context in one prefill (a public startup logged 9.88 GiB of KV cache,
+    tests/model/test_public_startups_gpus.py), and calc says why the log shows '# GPU blocks'."""
+    base = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "Tesla V100-SXM2-32GB", "--dtype", "float16", "--json"]
+    old, new = calc(*base, "--vllm-version", "0.8.5"), calc(*base, "--vllm-version", "0.10.2")
+    assert old.returncode == 0 and new.returncode == 0, old.stderr + new.stderr
+    d_old, d_new = json.loads(old.stdout), json.loads(new.stdout)
+    assert any("runs the V0 engine on V100-SXM2-32GB" in n and "32768 tokens" in n for n in d_old["notes"])
+    assert "V0 engine" in old.stderr and not any("V0 engine" in n for n in d_new["notes"])
+    assert d_old["memory"]["kv_cache_gib"] == pytest.approx(9.88, abs=0.5)
+    assert d_new["memory"]["kv_cache_gib"] > d_old["memory"]["kv_cache_gib"] + 2
