@@ -28,6 +28,7 @@ from exporter.model.report import make_traffic, performance_report
 from exporter.model.setup import KV_CACHE_MEMORY_BYTES, V1_DEFAULT, Setup
 from exporter.model.traffic import SLO, lengths_from_file
 from exporter.model import tradeoff
+from exporter.parse.version import format_version
 
 DESCRIPTION = """\
 Predict what vLLM will do with a model on a GPU before deploying it: the KV cache it logs at
@@ -317,11 +318,11 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
         profile = (f"a chunked prefill of {setup.max_num_batched_tokens} tokens" if setup.enable_chunked_prefill
                    else f"one un-chunked prefill of {setup.max_num_batched_tokens} tokens (V0 chunks prefills "
                         "by itself only above 32k context)")
-        notes.append(f"vLLM {'.'.join(map(str, setup.vllm_version))} runs the V0 engine on {setup.gpu.name} "
+        notes.append(f"vLLM {format_version(setup.vllm_version)} runs the V0 engine on {setup.gpu.name} "
                      f"(compute capability {setup.gpu.compute_capability}; V1 needs 8.0 before 0.10.2): it "
                      f"logs '# GPU blocks' and its memory profile is {profile}")
     if setup.kv_cache_memory_bytes and setup.vllm_version < KV_CACHE_MEMORY_BYTES:
-        notes.append(f"--kv-cache-memory-bytes: vLLM {'.'.join(map(str, setup.vllm_version))} may not have it "
+        notes.append(f"--kv-cache-memory-bytes: vLLM {format_version(setup.vllm_version)} may not have it "
                      f"(added in 0.10.2 by vllm PR #21489); the pool is the bytes as given")
     auto = args.max_model_len == vllm_args.AUTO
     if args.max_model_len is not None and not auto:   # checked in run(): refused, but --json still prints

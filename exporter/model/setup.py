@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from exporter.errors import InputError
-from exporter.parse.version import Version, read_version
+from exporter.parse.version import Version, format_version, read_version
 from exporter.model.architectures import (DTYPE_BYTES, ModelArch, normalize_quantization,
                                           resolve_model)
 from exporter.model.gpus import GPU, resolve_gpu
@@ -335,7 +335,7 @@ class Setup:
                                  f"max_num_seqs ({seqs}): vLLM refuses to start")
             if not chunked and mnbt < mml:
                 raise InputError(f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({mml}) "
-                                 f"without chunked prefill (vLLM {'.'.join(map(str, version))}): vLLM refuses "
+                                 f"without chunked prefill (vLLM {format_version(version)}): vLLM refuses "
                                  f"to start; raise --max-num-batched-tokens or lower --max-model-len")
         bs = int(block_size) if block_size else 16
         if bs < 1:
