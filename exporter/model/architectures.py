@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -931,6 +931,10 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model"), where))
     heads = int(_need(cfg, ("num_attention_heads", "n_head"), where))
     kv_heads = int(_opt(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
+    if cfg.get("multi_query_attention") and cfg.get("multi_query_group_num"):
+        # ChatGLM's own keys (GLM-4-9B-chat): KV heads are the query groups, as vLLM's
+        # ModelConfig.get_total_num_kv_heads reads them
+        kv_heads = int(cfg["multi_query_group_num"])
     head_dim = int(_opt(cfg, "head_dim", "kv_channels", default=hidden // heads))
     vocab = int(_need(cfg, ("vocab_size", "padded_vocab_size"), where))
     # vLLM's derived max_model_len: the smallest of the length keys the config carries
@@ -974,7 +978,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             raise CatalogError(f"{where}: missing field 'num_experts_per_tok' in config.json")
     else:
         moe_inter = 0
-        inter = int(_need(cfg, ("intermediate_size", "n_inner", "ffn_hidden_size"), where))
+        inter = int(_need(cfg, ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim"), where))
         if model_type == "qwen":  # Qwen v1 counts both gated branches in intermediate_size
             inter //= 2
         if model_type in GRANITE_MOE_TYPES and cfg.get("shared_intermediate_size"):
@@ -1075,7 +1079,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         name=name, model_type=model_type, num_layers=n, hidden_size=hidden, num_heads=heads,
         num_kv_heads=1 if mla else kv_heads, head_dim=head_dim, intermediate_size=inter,
         vocab_size=vocab, max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(_opt(cfg, "tie_word_embeddings", default=model_type in ("gemma", "gemma2", "gemma3_text"))),
+        tie_word_embeddings=bool(_opt(cfg, "tie_word_embeddings", default=model_type in ("gemma", "gemma2", "gemma3_text", "opt"))),
         gated_mlp=gated,
         attention="mla" if mla else ("mha" if kv_heads == heads else "gqa"),
         kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
@@ -1143,17 +1147,20 @@ _QUANT_SUFFIXES = (  # longest first; (pattern at end of the stem, quantization)
 )
 
 
-def _split_quant(model_id: str) -> tuple[str, str | None]:
+def _split_quant(model_id: str, norm: Callable[[str], str] | None = None) -> tuple[str, str | None]:
     """(catalog stem, quantization its suffixes name) of a model id: "-AWQ-INT4", "-FP8-dynamic",
-    "-quantized.w8a8", "-NVFP4" ... in any order; a generic one ("-int4") yields to a specific."""
-    stem, quant = _stem(model_id), None
+    "-quantized.w8a8", "-NVFP4" ... in any order; a generic one ("-int4") yields to a specific.
+    `norm` (default `_stem`) is applied to the name and after each suffix: `_name_part` keeps the
+    variant ("-Instruct-2507", "-v0.3") so the checkpoint's own entry is found first."""
+    norm = norm or _stem
+    stem, quant = norm(model_id), None
     stripped, quant_generic = True, False
     while stripped:
         stripped = False
         for pattern, q in _QUANT_SUFFIXES:
             if re.search(pattern, stem):
                 generic = pattern in (r"-int4$", r"-int8$", r"-4bit$", r"-8bit$")
-                stem = _stem(re.sub(pattern, "", stem))
+                stem = norm(re.sub(pattern, "", stem))
                 quant = q if quant is None or (q and not generic and quant_generic) else quant
                 quant_generic = generic if quant == q else quant_generic
                 stripped = True
@@ -1161,8 +1168,26 @@ def _split_quant(model_id: str) -> tuple[str, str | None]:
     return stem, quant
 
 
+def _name_part(model_id: str) -> str:
+    """A model id without its organisation, lower case ("TheBloke/Mistral-7B-Instruct-v0.2-AWQ" ->
+    "mistral-7b-instruct-v0.2-awq")."""
+    return model_id.strip().rstrip("/").split("/")[-1].lower()
+
+
+_ROLE_WORDS = frozenset({"instruct", "chat", "hf", "it", "base", "pt"})
+
+
+def _variant(model_id: str) -> str:
+    """A model id without its organisation and role words, its version and date kept
+    ("Mistral-7B-Instruct-v0.3" and "Mistral-7B-v0.3" -> "mistral-7b-v0.3"; "Qwen3-235B-A22B-
+    Instruct-2507" -> "qwen3-235b-a22b-2507"): a release's base and tuned checkpoints share a
+    config, its versions and dated re-releases may not."""
+    s = re.sub(r"^meta-(?=llama)", "", _name_part(model_id))
+    return "-".join(w for w in s.split("-") if w not in _ROLE_WORDS)
+
+
 def _stem(model_id: str) -> str:
-    s = model_id.strip().rstrip("/").split("/")[-1].lower()
+    s = _name_part(model_id)
     s = re.sub(r"^meta-(?=llama)", "", s)
     while True:
         t = re.sub(r"-(instruct|chat|hf|it|base|pt|\d{4}|v\d+\.\d+)$", "", s)
@@ -1172,21 +1197,25 @@ def _stem(model_id: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _catalog() -> tuple[dict[str, dict], dict[str, str], dict[str, str]]:
+def _catalog() -> tuple[dict[str, dict], dict[str, str], dict[str, str], dict[str, str], dict[str, str]]:
     text = resources.files("exporter.model").joinpath("data/models.yaml").read_text(encoding="utf-8")
     entries: dict[str, dict] = yaml.safe_load(text)["models"]
     by_id: dict[str, str] = {}
+    by_name: dict[str, str] = {}
+    by_variant: dict[str, str] = {}
     by_stem: dict[str, str] = {}
     for model_id, entry in entries.items():
         for alias in (model_id, *entry.get("aliases", [])):
             by_id[alias.lower()] = model_id
+            by_name.setdefault(_name_part(alias), model_id)
+            by_variant.setdefault(_variant(alias), model_id)
             by_stem.setdefault(_stem(alias), model_id)
-    return entries, by_id, by_stem
+    return entries, by_id, by_name, by_variant, by_stem
 
 
 @lru_cache(maxsize=256)
 def _catalog_arch(model_id: str) -> ModelArch:
-    entries, _, _ = _catalog()
+    entries = _catalog()[0]
     e = entries[model_id]
     return arch_from_config(e["config"], name=model_id, where=e.get("source", model_id),
                             extra_params=int(e.get("extra_params") or 0),
@@ -1213,19 +1242,24 @@ def resolve_model(name: str) -> ModelArch:
     p = Path(name)
     if name.endswith(".json") or p.is_dir() or (p.exists() and p.is_file()):
         return load_hf_config(p)
-    entries, by_id, by_stem = _catalog()
+    entries, by_id, by_name, by_variant, by_stem = _catalog()
     key = name.strip().lower()
     if key in by_id:
         arch = _catalog_arch(by_id[key])
         # an alias that names a quantized checkpoint of the entry (nvidia/MiniMax-M2.5-NVFP4)
         quant = _split_quant(key)[1] if key != by_id[key].lower() else None
         return arch.with_quantization(quant, name=name) if quant and quant != arch.quantization else arch
-    stem, quant = _split_quant(key)
-    if stem in by_stem:
-        arch = _catalog_arch(by_stem[stem])
-        if quant and arch.quantization != quant:
-            return arch.with_quantization(quant, name=name)
-        return arch if not quant else replace(arch, name=name)
+    # another organisation's copy or quantization of a listed checkpoint ("TheBloke/Mistral-7B-
+    # Instruct-v0.2-AWQ" is v0.2's entry, not v0.1's), then the same release under another role
+    # word (base / instruct / chat), then by stem (version and date dropped)
+    for table, norm in ((by_name, _name_part), (by_variant, _variant), (by_stem, _stem)):
+        stem, quant = _split_quant(key, norm)
+        if stem in table:
+            arch = _catalog_arch(table[stem])
+            if quant and arch.quantization != quant:
+                return arch.with_quantization(quant, name=name)
+            return arch if not quant else replace(arch, name=name)
+    stem = _split_quant(key)[0]
     candidates = list(entries) + [a for e in entries.values() for a in e.get("aliases", [])]
     close = difflib.get_close_matches(name, candidates, n=5, cutoff=0.4)
     if not close:

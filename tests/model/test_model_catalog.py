@@ -93,6 +93,67 @@ def test_quantized_variants_map_to_base_architecture(name, base_layers, quant):
     assert arch.num_layers == base_layers and arch.quantization == quant and arch.name == name
 
 
+# Widely served models added so that calc answers offline; each transcribed from a public copy
+# of its config.json. The parameter count a model card or the Hub page publishes (billions; MoE:
+# total, active) checks the transcription: a wrong width, head count or tie shows here.
+@pytest.mark.parametrize("model_id, total, active", [
+    ("meta-llama/Llama-2-7b-chat-hf", 6.74, None), ("meta-llama/Llama-2-13b-chat-hf", 13.0, None),
+    ("meta-llama/Meta-Llama-3-8B-Instruct", 8.03, None), ("meta-llama/Meta-Llama-3-70B-Instruct", 70.6, None),
+    ("meta-llama/Llama-3.2-1B-Instruct", 1.24, None), ("meta-llama/Llama-3.2-3B-Instruct", 3.21, None),
+    ("mistralai/Mistral-7B-Instruct-v0.1", 7.24, None), ("mistralai/Mistral-7B-Instruct-v0.2", 7.24, None),
+    ("mistralai/Mistral-7B-Instruct-v0.3", 7.25, None), ("mistralai/Mistral-Nemo-Base-2407", 12.2, None),
+    ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", 1.1, None), ("facebook/opt-125m", 0.125, None),
+    ("Qwen/Qwen2-7B-Instruct", 7.62, None), ("Qwen/Qwen2.5-0.5B-Instruct", 0.49, None),
+    ("Qwen/Qwen2.5-1.5B-Instruct", 1.54, None), ("Qwen/Qwen2.5-3B-Instruct", 3.09, None),
+    ("Qwen/Qwen2.5-32B-Instruct", 32.8, None), ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 1.78, None),
+    ("Qwen/Qwen2-57B-A14B", 57.4, 14.2), ("Qwen/Qwen3-Coder-30B-A3B-Instruct", 30.5, 3.3),
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", 30.5, 3.3), ("Qwen/Qwen3-235B-A22B-Instruct-2507", 235.0, 22.0),
+    ("microsoft/Phi-3-mini-4k-instruct", 3.82, None), ("microsoft/Phi-3-medium-4k-instruct", 14.0, None),
+    ("microsoft/Phi-3.5-mini-instruct", 3.82, None), ("microsoft/Phi-4-mini-instruct", 3.84, None),
+    ("google/gemma-2b", 2.51, None), ("THUDM/glm-4-9b-chat", 9.4, None),
+    # "106B total, 12B active" (+1.24B embeddings and head, which we count as active)
+    ("zai-org/GLM-4.5-Air", 106.0, 13.2), ("HuggingFaceTB/SmolLM2-1.7B-Instruct", 1.71, None),
+    ("allenai/OLMo-2-1124-7B-Instruct", 7.3, None), ("deepseek-ai/DeepSeek-V2.5", 236.0, 21.0),
+])
+def test_widely_served_models_resolve_offline_with_their_published_size(model_id, total, active):
+    arch = resolve_model(model_id)
+    assert arch.total_params / 1e9 == pytest.approx(total, rel=0.02)
+    if active is not None:
+        assert arch.active_params / 1e9 == pytest.approx(active, rel=0.05)
+
+
+@pytest.mark.parametrize("model_id, kv_heads, head_dim, layers, window", [
+    ("meta-llama/Llama-2-7b-chat-hf", 32, 128, 32, 0),       # MHA: 512 KiB a token in 16-bit
+    ("mistralai/Mistral-7B-Instruct-v0.1", 8, 128, 32, 4096),  # every layer slides over 4,096 tokens
+    ("mistralai/Mistral-7B-Instruct-v0.2", 8, 128, 32, 0),     # v0.2 dropped the window
+    ("THUDM/glm-4-9b-chat", 2, 128, 40, 0),                    # ChatGLM's multi_query_group_num
+    ("facebook/opt-125m", 12, 64, 12, 0),
+    ("microsoft/Phi-4-mini-instruct", 8, 128, 32, 0),
+])
+def test_widely_served_models_cache_what_vllm_caches(model_id, kv_heads, head_dim, layers, window):
+    arch = resolve_model(model_id)
+    assert (arch.num_kv_heads, arch.head_dim, arch.num_layers) == (kv_heads, head_dim, layers)
+    assert arch.layer_types == ((SLIDING,) if window else (FULL,)) * layers
+    assert (arch.sliding_window or 0) == window
+
+
+@pytest.mark.parametrize("name, entry, quant, max_pos", [
+    # another organisation's quantization keeps its version: v0.2 has no sliding window, v0.1 has
+    ("TheBloke/Mistral-7B-Instruct-v0.2-AWQ", "mistralai/Mistral-7B-Instruct-v0.2", "awq", 32768),
+    # the 2507 re-release sets a 256K context where the original had 40,960
+    ("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", "Qwen/Qwen3-235B-A22B-Instruct-2507", "fp8", 262144),
+    ("Qwen/Qwen3-235B-A22B-FP8", "Qwen/Qwen3-235B-A22B", "fp8", 40960),
+    ("QuantTrio/Qwen3-Coder-30B-A3B-Instruct-AWQ", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "awq", 262144),
+    # a base checkpoint of a listed release under another role word
+    ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3", None, 32768),
+    ("unsloth/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", None, 131072),
+])
+def test_a_copy_or_quantization_of_a_listed_model_finds_its_own_release(name, entry, quant, max_pos):
+    arch = resolve_model(name)
+    assert entry in arch.source and arch.quantization == quant
+    assert arch.max_position_embeddings == max_pos
+
+
 def test_unknown_model_lists_the_closest_names():
     with pytest.raises(CatalogError) as exc:
         resolve_model("meta-llama/Llama-3.1-9B-Instruct")

@@ -139,20 +139,25 @@ def test_unknown_model_type_goes_through_the_generic_path(tmp_path):
     assert any("generic decoder path" in n for n in res.notes)
 
 
+# a Hub id the shipped catalog does not list (its fields are Qwen2-7B-Instruct's, served below as
+# if from the cache or the Hub)
+UNLISTED = "example-org/Qwen2-7B-Instruct-finetune"
+
+
 def test_calc_without_any_source_is_one_line_naming_what_was_tried(tmp_path, cli_env):
     env = {**cli_env, "HF_HUB_CACHE": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", "Qwen/Qwen2-7B-Instruct",
+    out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", UNLISTED,
                           "--gpu", "H100"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("vllm-drift calc: error: unknown model 'Qwen/Qwen2-7B-Instruct': not a catalog id")
+    assert lines[0].startswith(f"vllm-drift calc: error: unknown model '{UNLISTED}': not a catalog id")
     assert f"not in HF cache at {tmp_path / 'empty'}, hub offline" in lines[0]
     # the daemon's form of the same failure
     env_cache = HubSettings(cache_dir=str(tmp_path / "empty"), offline=True)
     with pytest.raises(CatalogError) as e:
-        resolve_model("Qwen/Qwen2-7B-Instruct", settings=env_cache)
-    assert str(e.value).startswith("no config for Qwen/Qwen2-7B-Instruct: not a catalog id")
+        resolve_model(UNLISTED, settings=env_cache)
+    assert str(e.value).startswith(f"no config for {UNLISTED}: not a catalog id")
     assert str(e.value).endswith(f"not in HF cache at {tmp_path / 'empty'}, hub offline")
 
 
@@ -307,20 +312,21 @@ def test_modelopt_hf_quant_config_json_beside_config_json_is_read_as_vllm_reads_
 
 
 def test_the_hub_is_asked_for_hf_quant_config_json_only_without_quantization_config(tmp_path):
+    plain_id = "example-org/Llama-3-8B-Instruct-copy"   # not a catalog id: the Hub answers it
     repos = {"nvidia/Llama-3-8B-FP4": {"config.json": config_bytes(LLAMA3), "hf_quant_config.json": MODELOPT_FP4},
-             LLAMA3: {"config.json": config_bytes(LLAMA3)},
+             plain_id: {"config.json": config_bytes(LLAMA3)},
              "Qwen/Qwen3-8B-FP8": {"config.json": config_bytes("Qwen/Qwen3-8B-FP8")}}
     with FakeHub(repos) as hub:
         s = HubSettings(endpoint=hub.url, cache_dir=str(tmp_path / "hub"), offline=False, timeout=5, weights=False)
         fp4 = resolve_model("nvidia/Llama-3-8B-FP4", settings=s)
-        plain = resolve_model(LLAMA3, settings=s)
+        plain = resolve_model(plain_id, settings=s)
         fp8 = resolve_model("Qwen/Qwen3-8B-FP8", settings=s)
         asked = [(m, p) for m, p, _ in hub.requests if "hf_quant_config.json" in p]
     assert fp4.source == plain.source == "hub"
     _fp4_checks(fp4, plain)
     # a model without the file: one 404, no note; a config with quantization_config: not asked
     assert plain.arch.quantization is None and not any("hf_quant_config" in n for n in plain.notes)
-    assert any("Meta-Llama-3-8B-Instruct" in p for _, p in asked)
+    assert any("Llama-3-8B-Instruct-copy" in p for _, p in asked)
     assert not any("Qwen3-8B-FP8" in p for _, p in asked) and fp8.arch.quantization == "fp8"
 
 

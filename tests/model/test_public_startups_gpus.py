@@ -17,24 +17,16 @@ gpt-oss-120b TP4 -1.0 %: cross-node NCCL buffers are not modelled), and rows who
 could not be named."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from exporter.model.architectures import arch_from_config
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.setup import Setup
 
-QWEN2_7B = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf-configs" / "Qwen--Qwen2-7B-Instruct")
+# the models by their Hub ids, as `calc --model` names them: both resolve offline from the shipped
+# catalog (the T4 run served unsloth's copy of Llama-3.2-3B-Instruct, found by name)
+QWEN2_7B = "Qwen/Qwen2-7B-Instruct"
 A100_SWEEP = "github.com/dennislee22/vLLM-benchmarking"
-
-# Llama-3.2-3B-Instruct's config.json (the Colab run served unsloth's copy of it)
-LLAMA_32_3B = arch_from_config(
-    {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
-     "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
-     "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
-     "max_position_embeddings": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
-    name="unsloth/Llama-3.2-3B-Instruct", where="test")
+LLAMA_32_3B = "unsloth/Llama-3.2-3B-Instruct"
 
 # (id, source, model, gpu, version, Setup.build flags, logged KV tokens or None, logged pool GiB)
 STARTUPS = [
