@@ -7,7 +7,7 @@ import json
 import pytest
 
 from exporter.errors import CatalogError, InputError
-from exporter.model.architectures import (CHUNKED, FULL, SLIDING, catalog_ids, load_hf_config,
+from exporter.model.architectures import (CHUNKED, FULL, LINEAR, SLIDING, catalog_ids, load_hf_config,
                                           resolve_model)
 
 # ---- model catalog ----------------------------------------------------------------------------
@@ -120,6 +120,28 @@ def test_widely_served_models_resolve_offline_with_their_published_size(model_id
     assert arch.total_params / 1e9 == pytest.approx(total, rel=0.02)
     if active is not None:
         assert arch.active_params / 1e9 == pytest.approx(active, rel=0.05)
+
+
+# 2026 releases copied from aiconfigurator's model_configs: the size their names state (billions)
+@pytest.mark.parametrize("model_id, total", [
+    ("Qwen/Qwen3.5-27B", 27.0), ("Qwen/Qwen3.5-35B-A3B", 35.0), ("Qwen/Qwen3.5-122B-A10B", 122.0),
+    ("Qwen/Qwen3.5-397B-A17B", 397.0), ("Qwen/Qwen3.6-27B", 27.0), ("Qwen/Qwen3.6-35B-A3B", 35.0),
+    ("google/gemma-4-26B-A4B", 26.0), ("google/gemma-4-31B-it", 31.0), ("MiniMaxAI/MiniMax-M2.7", 229.0),
+    ("XiaomiMiMo/MiMo-V2-Flash", 309.0),
+])
+def test_2026_releases_resolve_offline_with_the_size_they_are_named_for(model_id, total):
+    arch = resolve_model(model_id)
+    assert arch.total_params / 1e9 == pytest.approx(total, rel=0.03)
+    assert not any("not one we know" in n for n in arch.notes)
+
+
+def test_qwen3_5_hybrids_cache_attention_every_fourth_layer():
+    """Gated delta nets in three layers of four hold a fixed state, full attention in the fourth a
+    KV cache (full_attention_interval 4); a quantized copy of a 3.6 release finds its entry."""
+    arch = resolve_model("Qwen/Qwen3.5-35B-A3B")
+    assert arch.layer_types == (LINEAR, LINEAR, LINEAR, FULL) * 10
+    awq = resolve_model("cyankiwi/Qwen3.6-27B-AWQ-INT4")
+    assert awq.quantization == "awq" and awq.layer_types == (LINEAR, LINEAR, LINEAR, FULL) * 16
 
 
 @pytest.mark.parametrize("model_id, kv_heads, head_dim, layers, window", [
