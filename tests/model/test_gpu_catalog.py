@@ -15,10 +15,10 @@ from exporter.telemetry.gpu_product import catalog_gpu
 
 # Per architecture: (dense FP16/BF16 TFLOPS ceiling, bandwidth ceiling GB/s per device, has BF16,
 # has FP8, has FP4). Ceilings are the generation's largest datasheet figure (V100S 130/1,134;
-# T4 65/320; A100 312/2,039; L40S/RTX 6000 Ada ~365, 4090 1,008 GB/s; H100/H200 989/4,800;
+# Quadro RTX 8000 / TITAN RTX 130.5/672 (T4 65/320); A100 312/2,039; L40S/RTX 6000 Ada ~365, 4090 1,008 GB/s; H100/H200 989/4,800;
 # GB200 2,500/8,000; MI250X GCD 191.5/1,638; MI300X/MI325X 1,307/6,000; MI355X 2,500/8,000).
 CEILINGS = {
-    "volta": (130, 1134, False, False, False), "turing": (65, 320, False, False, False),
+    "volta": (130, 1134, False, False, False), "turing": (130.5, 672, False, False, False),
     "ampere": (312, 2039, True, False, False), "ada": (365, 1008, True, True, False),
     "hopper": (989, 4900, True, True, False), "blackwell": (2500, 8000, True, True, True),
     "cdna2": (191.5, 1640, True, False, False), "cdna3": (1308, 6000, True, True, False),
