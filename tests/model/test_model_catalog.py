@@ -122,8 +122,11 @@ def test_widely_served_models_resolve_offline_with_their_published_size(model_id
         assert arch.active_params / 1e9 == pytest.approx(active, rel=0.05)
 
 
-# 2026 releases copied from aiconfigurator's model_configs: the size their names state (billions)
+# copied from aiconfigurator's model_configs (2026 releases and a few older ones): the size their
+# names or model cards state (billions)
 @pytest.mark.parametrize("model_id, total", [
+    ("meta-llama/Llama-2-70b-hf", 69.0), ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", 32.8),
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", 80.0), ("zai-org/GLM-4.7", 355.0),
     ("Qwen/Qwen3.5-27B", 27.0), ("Qwen/Qwen3.5-35B-A3B", 35.0), ("Qwen/Qwen3.5-122B-A10B", 122.0),
     ("Qwen/Qwen3.5-397B-A17B", 397.0), ("Qwen/Qwen3.6-27B", 27.0), ("Qwen/Qwen3.6-35B-A3B", 35.0),
     ("google/gemma-4-26B-A4B", 26.0), ("google/gemma-4-31B-it", 31.0), ("MiniMaxAI/MiniMax-M2.7", 229.0),
