@@ -132,7 +132,7 @@ def test_widely_served_models_resolve_offline_with_their_published_size(model_id
     ("google/gemma-4-26B-A4B", 26.0), ("google/gemma-4-31B-it", 31.0), ("MiniMaxAI/MiniMax-M2.7", 229.0),
     ("XiaomiMiMo/MiMo-V2-Flash", 309.0),
 ])
-def test_2026_releases_resolve_offline_with_the_size_they_are_named_for(model_id, total):
+def test_models_from_aiconfigurators_copies_have_the_size_they_are_named_for(model_id, total):
     arch = resolve_model(model_id)
     assert arch.total_params / 1e9 == pytest.approx(total, rel=0.03)
     assert not any("not one we know" in n for n in arch.notes)
