@@ -1,6 +1,7 @@
 """KV capacity against public vLLM startup logs on GPUs the constants were not fitted on (every
 row of ../shared and of test_public_startups.py is an H100): A100s at 0.10.1.1, a V100 and a T4
-whose 0.8.x releases fell back to the V0 engine. Each row is what the log printed, with the flags
+whose 0.8.x releases fell back to the V0 engine, an RTX A6000 at 0.6.4 (V0) serving an AWQ
+checkpoint. Each row is what the log printed, with the flags
 it was started with; nothing here was used to fit a constant. What these rows showed, and what was
 changed for it:
 
@@ -13,8 +14,11 @@ changed for it:
   the small sampler's, not the sort of 0.11.1-0.16: the A100 pools were 1-1.3 GiB too small.
 
 Left out: two rows of the same A100 sweep whose TP ranks sat on two nodes (A100-40GB TP2 +4.2 %,
-gpt-oss-120b TP4 -1.0 %: cross-node NCCL buffers are not modelled), and rows whose source file
-could not be named."""
+gpt-oss-120b TP4 -1.0 %: cross-node NCCL buffers are not modelled), DeepSeek-V2.5 with TP8 x PP2
+over Ray on two nodes of A100-40GB (0.8.3, V0; +116 %: the block count is the least of 16
+workers, one of which logs 2.15 GiB of non-torch memory and 3.58 GiB of KV against the driver's
+0.93 and 5.71; pipeline stages across nodes are not modelled), a vGPU (A40-48Q) and rows whose
+source file could not be named."""
 from __future__ import annotations
 
 import pytest
@@ -46,6 +50,12 @@ STARTUPS = [
     # the model's default context (32,768), fp16; the log gives the memory split, not the tokens
     ("v100-v0", "zhuanlan.zhihu.com/p/1916529253169734444", "Qwen/Qwen2.5-7B-Instruct", "Tesla V100-SXM2-32GB",
      "0.8.5", dict(dtype="float16"), None, 9.88),
+    # 0.6.4's profiling line: "total_gpu_memory=47.54GiB ... non_torch_memory=0.44GiB kv_cache_size=22.74GiB
+    # gpu_memory_utilization=0.90"; the model by the name the poster gave (found by name: Qwen2.5-32B-Instruct
+    # with AWQ weights); 23.21 predicted, the 0.3 GiB more non-torch memory than the model's the most of it
+    ("a6000-v0-awq", "github.com/vllm-project/vllm/issues/10360 (comment of 2024-11-30)",
+     "Qwen/Qwen2.5-32B-Instruct-AWQ", "RTX A6000", "0.6.4",
+     dict(max_model_len=4096, enable_prefix_caching=True, gpu_memory_gib=47.54), None, 22.74),
 ]
 
 
