@@ -1174,6 +1174,11 @@ def _name_part(model_id: str) -> str:
     return model_id.strip().rstrip("/").split("/")[-1].lower()
 
 
+def _unbranded(model_id: str) -> str:
+    """`_name_part` without Meta's "Meta-" before Llama ("Meta-Llama-3-8B" -> "llama-3-8b")."""
+    return re.sub(r"^meta-(?=llama)", "", _name_part(model_id))
+
+
 _ROLE_WORDS = frozenset({"instruct", "chat", "hf", "it", "base", "pt"})
 
 
@@ -1182,13 +1187,11 @@ def _variant(model_id: str) -> str:
     ("Mistral-7B-Instruct-v0.3" and "Mistral-7B-v0.3" -> "mistral-7b-v0.3"; "Qwen3-235B-A22B-
     Instruct-2507" -> "qwen3-235b-a22b-2507"): a release's base and tuned checkpoints share a
     config, its versions and dated re-releases may not."""
-    s = re.sub(r"^meta-(?=llama)", "", _name_part(model_id))
-    return "-".join(w for w in s.split("-") if w not in _ROLE_WORDS)
+    return "-".join(w for w in _unbranded(model_id).split("-") if w not in _ROLE_WORDS)
 
 
 def _stem(model_id: str) -> str:
-    s = _name_part(model_id)
-    s = re.sub(r"^meta-(?=llama)", "", s)
+    s = _unbranded(model_id)
     while True:
         t = re.sub(r"-(instruct|chat|hf|it|base|pt|\d{4}|v\d+\.\d+)$", "", s)
         if t == s:
@@ -1259,7 +1262,7 @@ def resolve_model(name: str) -> ModelArch:
             if quant and arch.quantization != quant:
                 return arch.with_quantization(quant, name=name)
             return arch if not quant else replace(arch, name=name)
-    stem = _split_quant(key)[0]
+    # `stem` is the last table's key (by_stem's), which the hint below searches for
     candidates = list(entries) + [a for e in entries.values() for a in e.get("aliases", [])]
     close = difflib.get_close_matches(name, candidates, n=5, cutoff=0.4)
     if not close:
