@@ -22,6 +22,7 @@ multimodal encoder profile is not modelled beyond the tower weights.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -53,7 +54,11 @@ CALIBRATION = {
     # non-torch memory growth during profiling (NCCL/custom all-reduce buffers, workspaces), GiB
     "non_torch_single_gib": 0.25,
     "non_torch_single_pre017_gib": 0.13,  # llm-d-benchmark late-2025 rows
-    "non_torch_tp_pre017_gib": 0.55,
+    "non_torch_tp_pre017_gib": 0.55,      # the same, TP2 on H100 (NVSwitch: NCCL's NVLS buffers)
+    # TP ranks without NVLS (PCIe, bridges, A100's NVLink 3) before 0.17: the pools of the two TP2
+    # servers of one A100 0.10.1 sweep (github.com/dennislee22/vLLM-benchmarking, custom
+    # all-reduce off) put it at 0.11 and 0.09 GiB; 0.55 made those pools 0.45 GiB small
+    "non_torch_tp_no_nvls_pre017_gib": 0.10,
     "non_torch_pp_gib": 0.07,
     "non_torch_tp_nvswitch_gib": 2.12,   # NCCL NVLS buffers on NVSwitch systems (H100/H200/B200)
     "non_torch_tp_pcie_gib": 0.45,       # PCIe / NVLink-bridge GPUs: no NVLS [estimate]
@@ -359,10 +364,13 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     return max(forward, sampler + moe_ws)
 
 
-def _nvswitch(setup: Setup) -> bool:
-    gpu = setup.gpu
-    link = str(getattr(gpu, "interconnect", "") or "")
-    return link.startswith("NVLink") and float(getattr(gpu, "interconnect_gbps", 0) or 0) >= 900
+def _nvls(setup: Setup) -> bool:
+    """Whether the GPUs sit on an NVSwitch fabric with NVLink SHARP (NVLS: third-generation
+    NVSwitch, Hopper and later), where NCCL allocates its large NVLS buffers. Not on PCIe, not
+    over an NVLink bridge (H200 NVL), not on A100's NVLink 3."""
+    link = str(getattr(setup.gpu, "interconnect", "") or "")
+    m = re.match(r"NVLink (\d+)$", link)
+    return bool(m) and int(m.group(1)) >= 4
 
 
 def non_torch_bytes(setup: Setup) -> float:
@@ -371,14 +379,16 @@ def non_torch_bytes(setup: Setup) -> float:
     MoE model) hold the same communicator buffers as TP ranks."""
     c = CALIBRATION
     comm = setup.tp > 1 or (setup.dp > 1 and setup.model.is_moe)
+    pre017 = (c["non_torch_tp_pre017_gib"] if _nvls(setup) else c["non_torch_tp_no_nvls_pre017_gib"]) \
+        if comm else c["non_torch_single_pre017_gib"]
     if setup.vllm_version < DEVICE_WIDE_NON_TORCH_BEFORE:
         # device-wide accounting: the CUDA context and NCCL's init-time buffers count too
         base = c["cuda_context_gib"] + (c["nccl_init_gib"] if comm else 0.0)
-        return (base + (c["non_torch_tp_pre017_gib"] if comm else c["non_torch_single_pre017_gib"])) * GIB
+        return (base + pre017) * GIB
     if setup.vllm_version < SMALL_SAMPLER:
-        return (c["non_torch_tp_pre017_gib"] if comm else c["non_torch_single_pre017_gib"]) * GIB
+        return pre017 * GIB
     if comm:
-        return (c["non_torch_tp_nvswitch_gib"] if _nvswitch(setup) else c["non_torch_tp_pcie_gib"]) * GIB
+        return (c["non_torch_tp_nvswitch_gib"] if _nvls(setup) else c["non_torch_tp_pcie_gib"]) * GIB
     if setup.pp > 1:
         return c["non_torch_pp_gib"] * GIB
     return c["non_torch_single_gib"] * GIB
