@@ -165,3 +165,19 @@ def test_calibrating_on_a_sweeps_ends_predicts_its_middle_on_an_uncalibrated_gpu
               for c, ms in A100_TPOT_MS.items() if c not in (1, 75)}
     # 2.9 % mean (-3.8 / +1.6 / +5.5 / +0.6 %); a priori 12.3 %
     assert sum(errors.values()) / len(errors) <= 0.05 and max(errors.values()) <= 0.08
+
+
+def test_one_request_on_two_l40s_takes_the_time_the_model_predicts():
+    """The L40S TP2 lab note above also times one chat request with curl: 24 prompt tokens, 400
+    generated (finish_reason "length"), `real 0m11.773s`; the engine's log over those seconds says
+    "Avg generation throughput: 33.3 tokens/s". No factor was fitted on an Ada GPU, on PCIe TP or
+    on the AWQ Marlin kernel: a priori, TTFT + 399 x TPOT is 11.77 s (29.1 ms a token)."""
+    from exporter.model.perf import predict
+    from exporter.model.traffic import Traffic
+
+    setup = Setup.build("TechxGenus/Meta-Llama-3-70B-Instruct-AWQ", "L40S", tp=2, vllm_version="0.16.0")
+    p = predict(setup, Traffic(prompt_tokens_mean=24, output_tokens_mean=400), concurrency=1)
+    e2e = p.ttft_s + 399 * p.tpot_s
+    # one run of one request: within 10 % (the model is 0.02 % off)
+    assert e2e == pytest.approx(11.773, rel=0.10)
+    assert 1 / p.tpot_s == pytest.approx(33.3, rel=0.10)
