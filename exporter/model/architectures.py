@@ -48,7 +48,7 @@ QUANT_ALIASES = {
     "awq": "awq", "awq_marlin": "awq", "w8a16": "w8a16", "gptq-int8": "gptq-int8",
     "mxfp4": "mxfp4", "nvfp4": "nvfp4", "fp4": "nvfp4", "modelopt_fp4": "nvfp4",
     "ptpc_fp8": "fp8", "fp8_e4m3": "fp8", "experts_int8": "w8a16", "bitsandbytes": "w4a16",
-    "compressed_tensors": "w8a8", "compressed-tensors": "w8a8",
+    "compressed_tensors": "w8a8", "compressed-tensors": "w8a8", "auto-round": "gptq", "auto_round": "gptq",
     "none": None, "auto": None, "": None,
 }
 
@@ -729,7 +729,7 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
     """(scheme, note) from config.json's `quantization_config`, as vLLM picks its method:
     GPTQ / AWQ (bits), FP8 (per-tensor/channel or block-wise `weight_block_size`),
     compressed-tensors (the first config group's weight bits/type), MXFP4, ModelOpt (FP8/NVFP4),
-    bitsandbytes (4 or 8 bit). (None, "") when the checkpoint is not quantized."""
+    bitsandbytes (4 or 8 bit), AutoRound (integer 4 or 8 bit). (None, "") when the checkpoint is not quantized."""
     qc = cfg.get("quantization_config") or cfg.get("compression_config")
     if not isinstance(qc, Mapping):
         return None, ""
@@ -744,6 +744,16 @@ def quant_from_config(cfg: Mapping[str, Any]) -> tuple[str | None, str]:
         group = qc.get("group_size") or qc.get("q_group_size")
         scheme = base if int(bits or 4) == 4 else "gptq-int8"
         return scheme, f"{base} {int(bits or 4)}-bit" + (f", group size {group}" if group else "")
+    if method in ("auto-round", "auto_round", "autoround", "intel/auto-round"):
+        # Intel's AutoRound: integer weights in GPTQ's layout (packing_format auto_round:auto_gptq),
+        # one fp16 scale per group, and a zero point only when not symmetric; vLLM runs it with
+        # the GPTQ/AWQ Marlin kernels (model_executor/layers/quantization/auto_round.py)
+        dt, nbits = str(qc.get("data_type") or "int").lower(), int(bits or 4)
+        desc = f"auto-round {dt}{nbits}, group size {qc.get('group_size') or 128}"
+        if dt.startswith("int") and nbits in (4, 8):
+            sym = qc.get("sym") is not False
+            return ("gptq" if sym else "awq") if nbits == 4 else "gptq-int8", desc
+        return None, f"{desc} not modelled; weights counted at the model dtype"
     if method in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
         block = qc.get("weight_block_size")
         return "fp8", "fp8 " + (f"block-wise {list(block)}" if block else "per-tensor/channel")

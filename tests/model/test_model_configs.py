@@ -37,6 +37,11 @@ BASE = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_
     ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
         "weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}}},
      "w8a8", "w8a8 int"),
+    # Intel AutoRound (its README's quantization_config; vLLM's auto_round.py runs it on Marlin)
+    ({"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True,
+      "packing_format": "auto_round:auto_gptq"}, "gptq", "auto-round int4"),
+    ({"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": False}, "awq", "auto-round int4"),
+    ({"quant_method": "auto-round", "bits": 8, "group_size": 128, "sym": True}, "gptq-int8", "auto-round int8"),
 ])
 def test_quantization_config_schemes(qc, scheme, words):
     got, note = quant_from_config({"quantization_config": qc})
@@ -316,3 +321,9 @@ def test_parameters_read_from_config_are_the_ones_the_checkpoint_stores(name):
     run = KV_LAYOUTS[name]
     arch = arch_from_config(run["config"], name=name, where=name)
     assert abs(arch.total_params / run["parameters"] - 1) < 0.005, (arch.total_params, run["parameters"])
+
+
+def test_auto_round_formats_it_does_not_model_are_named():
+    got, note = quant_from_config({"quantization_config": {"quant_method": "auto-round", "bits": 4,
+                                                            "data_type": "mxfp4"}})
+    assert got is None and "auto-round mxfp4" in note and "not modelled" in note
