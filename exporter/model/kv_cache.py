@@ -369,8 +369,13 @@ def _nvls(setup: Setup) -> bool:
     NVSwitch, Hopper and later), where NCCL allocates its large NVLS buffers. Not on PCIe, not
     over an NVLink bridge (H200 NVL), not on A100's NVLink 3."""
     link = str(getattr(setup.gpu, "interconnect", "") or "")
-    m = re.match(r"NVLink (\d+)$", link)
-    return bool(m) and int(m.group(1)) >= 4
+    if not link.lower().startswith("nvlink") or "bridge" in link.lower():
+        return False
+    m = re.match(r"nvlink\s*(\d+)", link.lower())
+    if m:
+        return int(m.group(1)) >= 4
+    # a user's GPU file that says only "NVLink": the switch systems quote >= 900 GB/s per GPU
+    return float(getattr(setup.gpu, "interconnect_gbps", 0) or 0) >= 900
 
 
 def non_torch_bytes(setup: Setup) -> float:

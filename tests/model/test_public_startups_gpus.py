@@ -118,6 +118,14 @@ def test_tp_ranks_without_nvls_hold_little_non_torch_memory_before_017():
     assert nt("H200-NVL-141GB") == nt("A100-80GB") == nt("L40S") == nt("RTX-4090-24GB") == pytest.approx(0.10)
     # from 0.17 the NVSwitch systems' NVLS buffers are ~2.1 GiB; the rest stay well under 1
     assert nt("H200-NVL-141GB", "0.19.0") < 1.0 < nt("H100-SXM-80GB", "0.19.0")
+    # a user's GPU file may spell the link loosely: a generation when it gives one, else the
+    # switch systems' >= 900 GB/s per GPU, never a bridge
+    from types import SimpleNamespace as NS
+    from exporter.model.kv_cache import _nvls
+    link = lambda name, gbs: _nvls(NS(gpu=NS(interconnect=name, interconnect_gbps=gbs)))
+    assert link("NVLink5", 1800) and link("NVLink", 900) and link("NVLink 4", 400)
+    assert not (link("NVLink", 600) or link("NVLink Bridge", 900) or link("NVLink 3", 600)
+                or link("Infinity Fabric", 896))
 
 
 def test_pre_ampere_gpus_run_v0_until_v1_supported_them():
