@@ -286,6 +286,31 @@ def gpu_class(gpu_name: str, vendor: str = "nvidia") -> str:
     return "other"
 
 
+# What public runs say about the a-priori latency on each class no factor was fitted on (the runs
+# are named in docs/model.md and tests/model/test_public_startups_gpus.py); Hopper is the fit.
+PRIOR_ACCURACY = {
+    "blackwell": "public B200 sweeps put TPOT within 4-15 %; small-active MoE on the GDDR7 cards "
+                 "(RTX 5090, RTX PRO 6000) is predicted 20-45 % slow",
+    "ampere": "a public A100 sweep ran 8-17 % slower than predicted, a single-stream AWQ run 2 % slower",
+    "ada": "public single-stream L40S and RTX 4090 runs are within 8 %",
+    "cdna3": "AMD's published MI300X tables run 1-22 % slower than predicted at batch 1 and 40-56 % "
+             "slower at batch 128",
+}
+
+
+def prior_note(gpu_name: str, vendor: str = "nvidia") -> str | None:
+    """A line for a prediction made with factors not fitted on the GPU's class: what they are and
+    what public runs on the class showed. None on Hopper, the class the factors were fitted on."""
+    cls = gpu_class(gpu_name, vendor)
+    if cls == "hopper":
+        return None
+    seen = PRIOR_ACCURACY.get(cls, "no public run on this class was checked")
+    basis = calibration_for(gpu_name, vendor).source.removeprefix("prior: ")
+    return (f"latency on {gpu_name} ({cls}) is a prior: {basis}; "
+            f"{seen}. Calibrate it on a measured run (calc --calibrate, vllm-drift sweep), or let "
+            "serve's online calibration learn it from the server")
+
+
 def calibration_for(gpu_name: str, vendor: str = "nvidia") -> Calibration:
     cls = gpu_class(gpu_name, vendor)
     cal = CALIBRATIONS.get(cls)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from exporter.model.optimizer import rank_tiers, recommend
-from exporter.model.perf import predict
+from exporter.model.perf import predict, prior_note
 from exporter.model.spec_decode import DEFAULT_SPEC_TOKENS, SpecConfig, spec_verdict
 from exporter.model.tradeoff import tpot_p99_s
 from exporter.model.traffic import SLO, Traffic
@@ -73,7 +73,11 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
     tp99 = tpot_p99_s(at, traffic, pred)
     predicted["tpot_p99_s"] = None if tp99 is None else round(tp99, 6)
     predicted["basis"] = "prior"
-    if calibration is not None:
+    if calibration is None:
+        caution = prior_note(setup.gpu.name, setup.gpu.vendor)
+        if caution:
+            notes.append(caution)
+    else:
         prior = predict(at, traffic, **kw)
         predicted["basis"] = "calibrated"
         predicted["prior_tpot_s"] = prior.as_dict()["tpot_s"]

@@ -72,3 +72,19 @@ def test_ambiguous_short_name_lists_the_variants():
     out = calc("--gpu", "V100", *QWEN)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "V100-SXM2-16GB" in out.stderr and "V100-SXM2-32GB" in out.stderr and "V100-PCIe-16GB" in out.stderr
+
+
+def test_a_prediction_on_a_class_no_factor_was_fitted_on_says_so_and_what_public_runs_showed():
+    """Hopper is the class the latency factors were fitted on; elsewhere calc names the prior and
+    what public runs on that class measured (docs/model.md), and says how to calibrate it."""
+    def caution(gpu, *extra):
+        doc = calc_json("--gpu", gpu, *QWEN, "--concurrency", "8", *extra)
+        return [n for n in doc["notes"] if "is a prior" in n], doc["predicted"]["basis"]
+
+    assert caution("H100") == ([], "prior")
+    (mi300,), _ = caution("MI300X")
+    assert "MI300X (cdna3)" in mi300 and "40-56 %" in mi300 and "--calibrate" in mi300
+    (a100,), _ = caution("A100-80GB")
+    assert "8-17 %" in a100
+    (t4,), _ = caution("RTX-2080-Ti-11GB", "--model", "Qwen/Qwen3-0.6B")
+    assert "no public run on this class was checked" in t4
