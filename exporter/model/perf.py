@@ -301,12 +301,11 @@ PRIOR_ACCURACY = {
 def prior_note(gpu_name: str, vendor: str = "nvidia") -> str | None:
     """A line for a prediction made with factors not fitted on the GPU's class: what they are and
     what public runs on the class showed. None on Hopper, the class the factors were fitted on."""
-    cls = gpu_class(gpu_name, vendor)
-    if cls == "hopper":
+    cal = calibration_for(gpu_name, vendor)
+    if cal.gpu_class == "hopper":
         return None
-    seen = PRIOR_ACCURACY.get(cls, "no public run on this class was checked")
-    basis = calibration_for(gpu_name, vendor).source.removeprefix("prior: ")
-    return (f"latency on {gpu_name} ({cls}) is a prior: {basis}; "
+    seen = PRIOR_ACCURACY.get(cal.gpu_class, "no public run on this class was checked")
+    return (f"latency on {gpu_name} ({cal.gpu_class}) is a prior: {cal.source.removeprefix('prior: ')}; "
             f"{seen}. Calibrate it on a measured run (calc --calibrate, vllm-drift sweep), or let "
             "serve's online calibration learn it from the server")
 

@@ -29,7 +29,9 @@ from __future__ import annotations
 import pytest
 
 from exporter.model.kv_cache import kv_capacity
+from exporter.model.perf import predict
 from exporter.model.setup import Setup
+from exporter.model.traffic import Traffic
 
 # the models by their Hub ids, as `calc --model` names them: both resolve offline from the shipped
 # catalog (the T4 run served unsloth's copy of Llama-3.2-3B-Instruct, found by name)
@@ -81,6 +83,12 @@ STARTUPS = [
 
 def _capacity(model, gpu, version, flags):
     return kv_capacity(Setup.build(model, gpu, vllm_version=version, **flags))
+
+
+def _single(model, gpu, flags, prompt, output, concurrency=1):
+    """The a-priori prediction for `concurrency` clients sending prompt/output-token requests."""
+    return predict(Setup.build(model, gpu, **flags), Traffic(prompt_tokens_mean=prompt, output_tokens_mean=output),
+                   concurrency=concurrency)
 
 
 @pytest.mark.parametrize("source,model,gpu,version,flags,tokens,pool_gib", [r[1:] for r in STARTUPS],
@@ -159,8 +167,6 @@ def test_calibrating_on_a_sweeps_ends_predicts_its_middle_on_an_uncalibrated_gpu
     fitted: the harness's random prompts hit the prefix cache (56 % in its log), so its TTFT is
     not a fixed load's."""
     from exporter.model.calibrate import Row, fit_setup
-    from exporter.model.perf import predict
-    from exporter.model.traffic import Traffic
 
     setup = Setup.build(QWEN2_7B, "A100-80GB", max_model_len=16384, gpu_memory_utilization=0.5,
                         vllm_version="0.10.1")
@@ -180,11 +186,7 @@ def test_one_request_on_two_l40s_takes_the_time_the_model_predicts():
     generated (finish_reason "length"), `real 0m11.773s`; the engine's log over those seconds says
     "Avg generation throughput: 33.3 tokens/s". No factor was fitted on an Ada GPU, on PCIe TP or
     on the AWQ Marlin kernel: a priori, TTFT + 399 x TPOT is 11.77 s (29.1 ms a token)."""
-    from exporter.model.perf import predict
-    from exporter.model.traffic import Traffic
-
-    setup = Setup.build("TechxGenus/Meta-Llama-3-70B-Instruct-AWQ", "L40S", tp=2, vllm_version="0.16.0")
-    p = predict(setup, Traffic(prompt_tokens_mean=24, output_tokens_mean=400), concurrency=1)
+    p = _single("TechxGenus/Meta-Llama-3-70B-Instruct-AWQ", "L40S", dict(tp=2, vllm_version="0.16.0"), 24, 400)
     e2e = p.ttft_s + 399 * p.tpot_s
     # one run of one request: within 10 % (the model is 0.02 % off)
     assert e2e == pytest.approx(11.773, rel=0.10)
@@ -225,12 +227,6 @@ SINGLE_STREAM = [
 ]
 
 
-def _single(model, gpu, flags, prompt, output):
-    from exporter.model.perf import predict
-    from exporter.model.traffic import Traffic
-
-    return predict(Setup.build(model, gpu, **flags), Traffic(prompt_tokens_mean=prompt, output_tokens_mean=output),
-                   concurrency=1)
 
 
 @pytest.mark.parametrize("source,model,gpu,flags,prompt,output,tpot_ms,ttft_ms",
@@ -258,10 +254,6 @@ def test_a_lone_requests_ttft_is_its_prefill_on_an_idle_engine():
         ttft = _single(model, gpu, flags, prompt, output).ttft_s * 1e3
         assert ttft == pytest.approx(ttft_ms, rel=tol), source
     # the fitted factors still apply from two clients up: the same A100 prefill at c=4 waits longer
-    from exporter.model.perf import predict
-    from exporter.model.traffic import Traffic
     _, _, model, gpu, flags, prompt, output, _, _ = rows["a100-awq-16k"]
-    setup = Setup.build(model, gpu, **flags)
-    lone, busy = (predict(setup, Traffic(prompt_tokens_mean=prompt, output_tokens_mean=output), concurrency=c)
-                  for c in (1, 4))
+    lone, busy = (_single(model, gpu, flags, prompt, output, concurrency=c) for c in (1, 4))
     assert busy.ttft_s > 1.4 * lone.ttft_s
