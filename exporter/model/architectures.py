@@ -178,6 +178,10 @@ class ModelArch:
     # positions x width of every rotary cos/sin cache vLLM builds (get_rope keeps one per distinct
     # rope): 0 means the one cache of max_position_embeddings x rotary_dim (`rope_cache_size`)
     rope_cache_elements: int = 0
+    # LongRoPE (Phi-3/3.5/4 128k, rope type longrope or its old name su): the config's
+    # original_max_position_embeddings, which vLLM takes as the default max_model_len from 0.11.1
+    # (vllm PR #27431: short vs long factors chosen once, from max_model_len); 0 for other ropes
+    longrope_original_max_len: int = 0
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
     quantization: str | None = None
@@ -499,6 +503,7 @@ def quant_skip_from_config(cfg: Mapping[str, Any]) -> frozenset:
 
 _LM_KEYS = ("text_config", "language_config", "llm_config")
 _LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_target_positions",
                 "max_sequence_length", "max_seq_length", "seq_len")
 
 
@@ -563,6 +568,16 @@ def _rope_cache_elements(cfg: Mapping[str, Any], model_type: str, ropes: Mapping
         key = (kind, float(rope.get("rope_theta") or theta or 10000.0), factor, width)
         caches[key] = int(config_max_pos * (factor if kind in _ROPE_SCALED_CACHE else 1.0)) * width
     return sum(caches.values())
+
+
+def _longrope_original(cfg: Mapping[str, Any], ropes: Mapping[str, Mapping[str, Any]], max_pos: int) -> int:
+    """original_max_position_embeddings of a LongRoPE config (vLLM reads it from the config's top
+    level, else from the rope parameters, else keeps the derived length), 0 without LongRoPE."""
+    if not any(_rope_type(r) in ("longrope", "su") for r in ropes.values()):
+        return 0
+    inner = next((r.get("original_max_position_embeddings") for r in ropes.values()
+                  if r.get("original_max_position_embeddings")), None)
+    return int(cfg.get("original_max_position_embeddings") or inner or max_pos)
 
 
 def _opt(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -810,6 +825,20 @@ def _quant_from_config(cfg: Mapping[str, Any]) -> str | None:
     return quant_from_config(cfg)[0]
 
 
+# Falcon's model_type in its current configs and in the two RefinedWeb layouts older ones carry
+# (RefinedWebModel: 7B, multi-query; RefinedWeb: 40B, the new decoder architecture)
+FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
+MULTI_QUERY_TYPES = (*FALCON_TYPES, "gpt_bigcode")
+# configs that leave the MLP width out: transformers builds 4 x hidden (GPT-2 and GPT-J n_inner
+# null, BLOOM, Falcon's ffn_hidden_size None, GPTBigCode n_inner null)
+FOUR_H_MLP_TYPES = ("gpt2", "gptj", "bloom", "gpt_bigcode", *FALCON_TYPES)
+# model types whose transformers config ties the lm_head to the embeddings when config.json
+# does not say (PretrainedConfig's default, kept by these classes; vLLM's models tie them too):
+# Gemma, OPT, GPT-2, BLOOM, GPTBigCode, StarCoder2 (3B and 7B publish 3.03B and 7.17B: tied;
+# 15B says false), Falcon (FalconForCausalLM ties unless the config says not)
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "opt", "gpt2", "bloom", "gpt_bigcode", "cohere", "cohere2",
+                   "starcoder2", *FALCON_TYPES)
+
 # model_type values whose config fields the generic decoder path is known to read right
 KNOWN_MODEL_TYPES = frozenset({
     "llama", "llama4", "llama4_text", "mistral", "mistral3", "mixtral", "qwen", "qwen2", "qwen2_moe",
@@ -822,6 +851,7 @@ KNOWN_MODEL_TYPES = frozenset({
     "ernie4_5", "ernie4_5_moe", "hunyuan", "dbrx", "stablelm", "mpt", "bloom", "gptj",
     "gemma4", "gemma4_text", "mimo_v2_flash", "granitemoeshared", "granitemoehybrid", "falcon_h1",
     "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v32",
+    "RefinedWeb", "RefinedWebModel", "qwen3_vl_text", "qwen3_vl_moe_text", "glm_moe_dsa", "mimo",
 })
 
 
@@ -938,9 +968,15 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         cfg = {**cfg, "hybrid_override_pattern": "".join(letters[str(b)] for b in blocks),
                "num_hidden_layers": cfg.get("num_hidden_layers") or len(blocks)}
     n = int(_need(cfg, ("num_hidden_layers", "n_layer", "num_layers"), where))
-    hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model"), where))
+    hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model", "n_embed"), where))
     heads = int(_need(cfg, ("num_attention_heads", "n_head"), where))
     kv_heads = int(_opt(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
+    if model_type in MULTI_QUERY_TYPES and cfg.get("multi_query", model_type == "gpt_bigcode") \
+            and not (cfg.get("new_decoder_architecture") or model_type == "RefinedWeb"):
+        # one KV head, as vLLM's ModelConfig.get_total_num_kv_heads reads a multi_query config
+        # (Falcon-7B, StarCoder); Falcon's new decoder architecture (40B/180B, the RefinedWeb
+        # layout) ignores the flag and has num_kv_heads / n_head_kv
+        kv_heads = 1
     if cfg.get("multi_query_attention") and cfg.get("multi_query_group_num"):
         # ChatGLM's own keys (GLM-4-9B-chat): KV heads are the query groups, as vLLM's
         # ModelConfig.get_total_num_kv_heads reads them
@@ -954,6 +990,10 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         notes.append("no max_position_embeddings (or equivalent) in config.json; max_model_len "
                      "defaults to 2048 as in vLLM")
     max_pos = min(lengths)
+    if isinstance(cfg.get("model_max_length"), (int, float)) and cfg["model_max_length"] > 0:
+        # "For Command-R / Cohere, Cohere2 / Aya Vision models" vLLM then takes model_max_length
+        # whatever the other keys say (Command-R: 131072 beside max_position_embeddings 8192)
+        max_pos = int(cfg["model_max_length"])
     config_max_pos = max_pos
     ropes = _rope_parameters(cfg)
     # vLLM's _get_and_verify_max_len (0.6 to 0.32 alike): the last factor of a rope that is not
@@ -988,7 +1028,11 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             raise CatalogError(f"{where}: missing field 'num_experts_per_tok' in config.json")
     else:
         moe_inter = 0
-        inter = int(_need(cfg, ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim"), where))
+        keys = ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim")
+        # GPT-2, GPT-J, BLOOM, Falcon and StarCoder leave the MLP width out (or null): 4 x hidden,
+        # as their transformers configs and vLLM's models build it
+        inter = int(_opt(cfg, *keys, default=4 * hidden) if model_type in FOUR_H_MLP_TYPES
+                    else _need(cfg, keys, where))
         if model_type == "qwen":  # Qwen v1 counts both gated branches in intermediate_size
             inter //= 2
         if model_type in GRANITE_MOE_TYPES and cfg.get("shared_intermediate_size"):
@@ -1082,14 +1126,14 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     rope_cache = _rope_cache_elements(cfg, model_type, ropes, config_max_pos, head_dim)
     # one up and one down projection (no gate) for these types and for squared-ReLU MLPs
     # (Nemotron: mlp_hidden_act relu2)
-    gated = model_type not in ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "falcon", "gpt_neox",
-                               "nemotron", "nemotron_h") \
+    gated = model_type not in ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "gpt_neox", "gptj",
+                               "bloom", "nemotron", "nemotron_h", *FALCON_TYPES) \
         and str(_opt(cfg, "mlp_hidden_act", "hidden_act", default="")).lower() != "relu2"
     return ModelArch(
         name=name, model_type=model_type, num_layers=n, hidden_size=hidden, num_heads=heads,
         num_kv_heads=1 if mla else kv_heads, head_dim=head_dim, intermediate_size=inter,
         vocab_size=vocab, max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(_opt(cfg, "tie_word_embeddings", default=model_type in ("gemma", "gemma2", "gemma3_text", "opt"))),
+        tie_word_embeddings=bool(_opt(cfg, "tie_word_embeddings", default=model_type in TIED_BY_DEFAULT)),
         gated_mlp=gated,
         attention="mla" if mla else ("mha" if kv_heads == heads else "gqa"),
         kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
@@ -1107,6 +1151,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         attn_output_gate=bool(cfg.get("attn_output_gate", model_type in GDN_TYPES)),
         state=_recurrent_state(cfg, types + ((MAMBA,) if parallel else ()), hidden, model_type,
                                DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary, rope_cache_elements=rope_cache,
+        longrope_original_max_len=_longrope_original(cfg, ropes, config_max_pos),
         num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,

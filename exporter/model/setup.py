@@ -57,6 +57,11 @@ TOKENS_FROM_CONCURRENCY = (0, 20, 1)
 # of every batch in flight, not one (`max_in_flight_tokens` = max_concurrent_batches x
 # max_num_batched_tokens in SlidingWindowSpec / ChunkedLocalAttentionSpec; vllm PR #47728)
 ASYNC_SCHEDULING_DEFAULT = (0, 14, 0)
+# a LongRoPE model's default max_model_len is its original_max_position_embeddings (4096 for
+# Phi-3/3.5/4-mini 128k) instead of max_position_embeddings: vllm PR #27431, merged 2025-10-23,
+# in _get_and_verify_max_len ("to avoid performance degradation for shorter sequences") [release
+# inferred from the merge date: 0.11.0 was cut before it]
+LONGROPE_SHORT_DEFAULT = (0, 11, 1)
 IN_FLIGHT_WINDOWS = (0, 26, 0)
 # the V2 model runner, default from 0.26.0 for generate models that are neither MoE nor hybrid,
 # keeps pp + 1 batches in flight under async scheduling (the V1 runner pp)
@@ -301,6 +306,8 @@ class Setup:
         if max_model_len is not None and max_model_len != -1 and max_model_len < 1:
             raise InputError(f"--max-model-len must be positive, or auto / -1 (got {max_model_len})")
         mml = arch.max_position_embeddings if max_model_len in (None, -1) else int(max_model_len)
+        if max_model_len is None and arch.longrope_original_max_len and version >= LONGROPE_SHORT_DEFAULT:
+            mml = min(mml, arch.longrope_original_max_len)
         v0 = engine_is_v0(version, dev)
         if v0:
             seqs = max_num_seqs or 256

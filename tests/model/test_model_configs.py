@@ -9,7 +9,7 @@ import pytest
 from conftest import VLLM_CPU
 from exporter.errors import CatalogError
 from exporter.model.architectures import KVShape, arch_from_config, quant_from_config
-from exporter.model.setup import tp_refusal
+from exporter.model.setup import Setup, tp_refusal
 from exporter.model.weights import from_local_dir, read_header, summarize
 from fake_hub import safetensors_header_only
 
@@ -327,3 +327,31 @@ def test_auto_round_formats_it_does_not_model_are_named():
     got, note = quant_from_config({"quantization_config": {"quant_method": "auto-round", "bits": 4,
                                                             "data_type": "mxfp4"}})
     assert got is None and "auto-round mxfp4" in note and "not modelled" in note
+
+
+@pytest.mark.parametrize("model_id, original", [
+    ("microsoft/Phi-3.5-mini-instruct", 4096),          # rope_scaling type longrope
+    ("microsoft/Phi-3-medium-128k-instruct", 4096),     # the older spelling, su
+])
+def test_longrope_models_default_to_their_original_context_from_0_11_1(model_id, original):
+    """vLLM PR #27431 (merged 2025-10-23): a LongRoPE model's default max_model_len is its
+    original_max_position_embeddings, so the short factors apply; before it, and whenever
+    --max-model-len is given, the 128K of max_position_embeddings (or the given length) stands."""
+    old = Setup.build(model_id, "H100-SXM-80GB", vllm_version="0.11.0")
+    new = Setup.build(model_id, "H100-SXM-80GB", vllm_version="0.12.0")
+    given = Setup.build(model_id, "H100-SXM-80GB", vllm_version="0.12.0", max_model_len=32768)
+    assert (old.max_model_len, new.max_model_len, given.max_model_len) == (131072, original, 32768)
+    # a model without LongRoPE keeps its own length on every release
+    assert Setup.build("Qwen/Qwen2.5-7B-Instruct", "H100-SXM-80GB", vllm_version="0.12.0").max_model_len == 32768
+
+
+def test_model_max_length_is_the_derived_length_as_vllm_reads_it():
+    """vLLM's _get_and_verify_max_len reads model_max_length (Command-R, ALiBi Baichuan2-13B) and
+    takes it over the other length keys: a Command-R-shaped config derives 131072, not 8192."""
+    cfg = {"model_type": "cohere", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+           "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 8192,
+           "model_max_length": 131072}
+    assert arch_from_config(cfg, name="c", where="c").max_position_embeddings == 131072
+    del cfg["max_position_embeddings"]
+    cfg["model_max_length"] = 4096
+    assert arch_from_config(cfg, name="c", where="c").max_position_embeddings == 4096
