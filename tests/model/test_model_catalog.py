@@ -138,6 +138,85 @@ def test_models_from_aiconfigurators_copies_have_the_size_they_are_named_for(mod
     assert not any("not one we know" in n for n in arch.notes)
 
 
+# The third pass (the last section of models.yaml). Where a card or its maker publishes the exact
+# count, that figure (rel 2 %); else the size the name or card states, which is rounded (rel 12 %:
+# still fails on a wrong width, depth, head count or tie, each of which moves these by 15 % or more).
+# Counts are what vLLM loads: a tied lm_head once.
+@pytest.mark.parametrize("model_id, total, active, rel", [
+    ("Qwen/Qwen2.5-14B", 14.7, None, 0.02), ("Qwen/QwQ-32B", 32.5, None, 0.02),
+    ("mistralai/Mixtral-8x22B-Instruct-v0.1", 141.0, 39.0, 0.02),
+    ("mistralai/Ministral-8B-Instruct-2410", 8.019808256, None, 0.001),
+    ("EleutherAI/gpt-j-6b", 6.053381344, None, 0.002), ("openai-community/gpt2", 0.124, None, 0.02),
+    ("Qwen/Qwen2-72B-Instruct", 72.0, None, 0.12), ("Qwen/Qwen2-1.5B-Instruct", 1.5, None, 0.12),
+    ("Qwen/Qwen2-0.5B-Instruct", 0.5, None, 0.12), ("Qwen/Qwen1.5-0.5B-Chat", 0.5, None, 0.12),
+    ("Qwen/Qwen1.5-7B-Chat", 7.0, None, 0.12), ("Qwen/Qwen2.5-VL-3B-Instruct", 3.0, None, 0.26),
+    ("Qwen/Qwen2.5-VL-7B-Instruct", 7.0, None, 0.2), ("Qwen/Qwen3-VL-8B-Instruct", 8.0, None, 0.12),
+    ("Qwen/Qwen3-VL-30B-A3B-Instruct", 30.0, 3.0, 0.12), ("Qwen/Qwen3-VL-235B-A22B-Instruct", 235.0, 22.0, 0.12),
+    ("deepseek-ai/deepseek-llm-7b-chat", 7.0, None, 0.12), ("deepseek-ai/deepseek-coder-1.3b-instruct", 1.3, None, 0.12),
+    ("codellama/CodeLlama-34b-Instruct-hf", 34.0, None, 0.12), ("THUDM/chatglm2-6b", 6.0, None, 0.12),
+    ("THUDM/chatglm3-6b", 6.0, None, 0.12), ("google/gemma-3-1b-it", 1.0, None, 0.12),
+    ("microsoft/Phi-3-medium-128k-instruct", 14.0, None, 0.12), ("CohereForAI/aya-23-8B", 8.0, None, 0.12),
+    ("baichuan-inc/Baichuan2-7B-Chat", 7.0, None, 0.12), ("baichuan-inc/Baichuan2-13B-Chat", 13.0, None, 0.12),
+    ("internlm/internlm2_5-7b-chat", 7.0, None, 0.12), ("tiiuae/falcon-7b", 7.0, None, 0.12),
+    ("tiiuae/falcon-7b-instruct", 7.0, None, 0.12), ("tiiuae/falcon-40b", 40.0, None, 0.12),
+    ("bigcode/starcoder2-3b", 3.0, None, 0.12), ("bigcode/starcoder2-7b", 7.0, None, 0.12),
+    ("bigcode/starcoder2-15b", 15.0, None, 0.12), ("EleutherAI/gpt-neox-20b", 20.0, None, 0.12),
+    ("facebook/opt-1.3b", 1.3, None, 0.12), ("facebook/opt-6.7b", 6.7, None, 0.12),
+    ("facebook/opt-13b", 13.0, None, 0.12), ("facebook/opt-66b", 66.0, None, 0.12),
+    ("openai-community/gpt2-medium", 0.355, None, 0.12), ("bigscience/bloom-560m", 0.56, None, 0.12),
+    # from aiconfigurator's copies (the names' sizes)
+    ("zai-org/GLM-5", 744.0, 40.0, 0.12), ("Qwen/Qwen3-VL-2B-Instruct", 2.0, None, 0.12),
+    ("Qwen/Qwen3-VL-4B-Instruct", 4.0, None, 0.12), ("Qwen/Qwen3-VL-32B-Instruct", 32.0, None, 0.12),
+    ("XiaomiMiMo/MiMo-7B-Base", 7.0, None, 0.12), ("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", 550.0, 55.0, 0.12),
+    ("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", 30.0, 3.0, 0.2), ("nvidia/Nemotron-H-56B-Base-8K", 56.0, None, 0.12),
+])
+def test_third_pass_models_resolve_offline_at_their_published_size(model_id, total, active, rel):
+    arch = resolve_model(model_id)
+    assert arch.total_params / 1e9 == pytest.approx(total, rel=rel)
+    if active is not None:
+        assert arch.active_params / 1e9 == pytest.approx(active, rel=max(rel, 0.05))
+    assert not any("not one we know" in n for n in arch.notes)
+
+
+@pytest.mark.parametrize("model_id, kv_heads, head_dim, max_len", [
+    ("tiiuae/falcon-7b", 1, 64, 2048),          # multi_query: one KV head (vLLM's get_total_num_kv_heads)
+    ("tiiuae/falcon-7b-instruct", 1, 64, 2048),  # the older RefinedWebModel layout of the same shape
+    ("tiiuae/falcon-40b", 8, 64, 2048),          # RefinedWeb: the new decoder architecture's n_head_kv
+    ("openai-community/gpt2", 12, 64, 1024),     # n_positions
+    ("baichuan-inc/Baichuan2-13B-Chat", 40, 128, 4096),  # ALiBi: only model_max_length, which vLLM reads
+    ("THUDM/chatglm3-6b", 2, 128, 8192),         # seq_length
+])
+def test_older_layouts_cache_what_vllm_caches(model_id, kv_heads, head_dim, max_len):
+    arch = resolve_model(model_id)
+    assert (arch.num_kv_heads, arch.head_dim, arch.max_position_embeddings) == (kv_heads, head_dim, max_len)
+
+
+def test_glm_5_caches_a_latent_and_an_indexer_key_as_deepseek_v3_2_does():
+    """GLM-5 (glm_moe_dsa) is DeepSeek sparse attention at another shape: vLLM caches the MLA latent
+    (kv_lora_rank 512 + rope 64) and the lightning indexer's 128-wide key per token and layer."""
+    glm, ds = resolve_model("zai-org/GLM-5"), resolve_model("deepseek-ai/DeepSeek-V3.2")
+    assert glm.attention == ds.attention == "mla"
+    assert (glm.kv_lora_rank, glm.qk_rope_head_dim, glm.indexer_head_dim) == (512, 64, 128)
+    assert (glm.num_layers, glm.num_experts, glm.experts_per_token) == (78, 256, 8)
+    assert resolve_model("zai-org/GLM-5-FP8").quantization == "fp8"      # a release of it, by name
+    assert resolve_model("nvidia/Kimi-K2.6-NVFP4").quantization == "nvfp4"
+
+
+def test_mlp_width_and_tie_defaults_of_older_configs(tmp_path):
+    """GPT-2-style configs leave the MLP width null (4 x hidden) and tie the lm_head unless they say
+    not; a config that says so explicitly keeps its own value."""
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128,
+            "n_inner": None, "vocab_size": 1000}
+    arch = load_hf_config(_write(tmp_path, "g", gpt2))
+    assert (arch.intermediate_size, arch.tie_word_embeddings, arch.gated_mlp) == (256, True, False)
+    arch = load_hf_config(_write(tmp_path, "g2", {**gpt2, "n_inner": 100, "tie_word_embeddings": False}))
+    assert (arch.intermediate_size, arch.tie_word_embeddings) == (100, False)
+    # a Llama-style config without an MLP width is still an error naming the field
+    with pytest.raises(CatalogError, match="intermediate_size"):
+        load_hf_config(_write(tmp_path, "l", {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                                              "num_attention_heads": 4, "vocab_size": 1000}))
+
+
 def test_qwen3_5_hybrids_cache_attention_every_fourth_layer():
     """Gated delta nets in three layers of four hold a fixed state, full attention in the fourth a
     KV cache (full_attention_interval 4); a quantized copy of a 3.6 release finds its entry."""
