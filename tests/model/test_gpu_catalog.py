@@ -16,13 +16,14 @@ from exporter.telemetry.gpu_product import catalog_gpu
 # Per architecture: (dense FP16/BF16 TFLOPS ceiling, bandwidth ceiling GB/s per device, has BF16,
 # has FP8, has FP4). Ceilings are the generation's largest datasheet figure (V100S 130/1,134;
 # Quadro RTX 8000 / TITAN RTX 130.5/672 (T4 65/320); A100 312/2,039; L40S/RTX 6000 Ada ~365, 4090 1,008 GB/s; H100/H200 989/4,800;
-# GB200 2,500/8,000; MI250X GCD 191.5/1,638; MI300X/MI325X 1,307/6,000; MI355X 2,500/8,000).
+# GB200 2,500/8,000; MI250X GCD 191.5/1,638; MI300X/MI325X 1,307/6,000; MI355X 2,500/8,000;
+# Radeon RX 7900 XTX / PRO W7900 (RDNA3, gfx1100) 123/960).
 CEILINGS = {
     "volta": (130, 1134, False, False, False), "turing": (130.5, 672, False, False, False),
     "ampere": (312, 2039, True, False, False), "ada": (365, 1008, True, True, False),
     "hopper": (989, 4900, True, True, False), "blackwell": (2500, 8000, True, True, True),
     "cdna2": (191.5, 1640, True, False, False), "cdna3": (1308, 6000, True, True, False),
-    "cdna4": (2500, 8000, True, True, True),
+    "cdna4": (2500, 8000, True, True, True), "rdna3": (123, 960, True, False, False),
 }
 MIN_BANDWIDTH_GBS = 150          # the slowest device vLLM is run on here is an A16 quarter (200)
 
@@ -44,8 +45,9 @@ def test_every_row_is_physically_sensible(gpu):
     # a memory size in the row's name is its datasheet figure
     if m := re.search(r"(\d+)GB$", gpu.name):
         assert int(m.group(1)) == gpu.memory_nominal_gb
-    # roofline balance: FLOPs per byte between the export-capped H20 (37) and an L4 (~400)
-    assert 30 <= gpu.tflops("bf16") * 1e12 / (gpu.bandwidth_gbs * 1e9) <= 450
+    # roofline balance: FLOPs per byte between the export-capped H20 (37) and the RTX 5000 Ada
+    # (453: a 6000 Ada's SMs per clock on a 256-bit bus); an L4 is ~400
+    assert 30 <= gpu.tflops("bf16") * 1e12 / (gpu.bandwidth_gbs * 1e9) <= 480
     assert gpu.interconnect and gpu.interconnect_gbps > 0
     assert gpu.dollars_per_hour >= 0 and (gpu.dollars_per_hour > 0 or "price" in gpu.sources)
 
@@ -110,6 +112,16 @@ TOOL_NAMES = [
     ("nvidia-h100-80gb", "H100-SXM-80GB", 79.19), ("nvidia-l4", "L4", 22.03),
     ("NVIDIA-A100-SXM4-80GB-SHARED", "A100-80GB", 79.15),      # time-sliced node label
     ("NVIDIA H20 96GB", "H20-96GB", 95.1), ("A100 80GB", "A100-80GB", 79.15),   # memory figure matches
+    # the 2026-12 consumer and workstation rows, by the names their drivers print: a SUPER or Ti is
+    # its own card, never the plain one
+    ("NVIDIA GeForce RTX 3090 Ti", "RTX-3090-Ti-24GB", 23.55), ("NVIDIA GeForce RTX 3070", "RTX-3070-8GB", 7.78),
+    ("NVIDIA GeForce RTX 4070", "RTX-4070-12GB", 11.7), ("NVIDIA GeForce RTX 4070 SUPER", "RTX-4070-SUPER-12GB", 11.7),
+    ("NVIDIA GeForce RTX 4070 Ti", "RTX-4070-Ti-12GB", 11.7),
+    ("NVIDIA GeForce RTX 4070 Ti SUPER", "RTX-4070-Ti-SUPER-16GB", 15.56),
+    ("NVIDIA GeForce RTX 4080 SUPER", "RTX-4080-SUPER-16GB", 15.57), ("NVIDIA GeForce RTX 4080", "RTX-4080-16GB", 15.67),
+    ("NVIDIA RTX 4000 Ada Generation", "RTX-4000-Ada-20GB", 19.54), ("NVIDIA RTX A4500", "RTX-A4500-20GB", 19.54),
+    ("NVIDIA A2", "A2-16GB", 14.5), ("NVIDIA GeForce RTX 5070 Ti", "RTX-5070-Ti-16GB", 15.47),
+    ("AMD Radeon RX 7900 XTX", "RX-7900-XTX-24GB", 23.98),
 ]
 
 
