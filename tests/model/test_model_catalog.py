@@ -169,6 +169,8 @@ def test_models_from_aiconfigurators_copies_have_the_size_they_are_named_for(mod
     ("Qwen/Qwen3-VL-4B-Instruct", 4.0, None, 0.12), ("Qwen/Qwen3-VL-32B-Instruct", 32.0, None, 0.12),
     ("XiaomiMiMo/MiMo-7B-Base", 7.0, None, 0.12), ("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", 550.0, 55.0, 0.12),
     ("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", 30.0, 3.0, 0.2), ("nvidia/Nemotron-H-56B-Base-8K", 56.0, None, 0.12),
+    ("mistralai/Mistral-Nemo-Instruct-2407", 12.2, None, 0.02), ("01-ai/Yi-34B", 34.0, None, 0.12),
+    ("Qwen/Qwen1.5-4B-Chat", 4.0, None, 0.12),
 ])
 def test_third_pass_models_resolve_offline_at_their_published_size(model_id, total, active, rel):
     arch = resolve_model(model_id)
