@@ -122,6 +122,7 @@ TOOL_NAMES = [
     ("NVIDIA RTX 4000 Ada Generation", "RTX-4000-Ada-20GB", 19.54), ("NVIDIA RTX A4500", "RTX-A4500-20GB", 19.54),
     ("NVIDIA A2", "A2-16GB", 14.5), ("NVIDIA GeForce RTX 5070 Ti", "RTX-5070-Ti-16GB", 15.47),
     ("AMD Radeon RX 7900 XTX", "RX-7900-XTX-24GB", 23.98),
+    ("NVIDIA GeForce RTX 4060 Ti 16GB", "RTX-4060-Ti-16GB", 15.56), ("RTX 4060 Ti 8GB", "RTX-4060-Ti-8GB", 7.75),
 ]
 
 
@@ -152,6 +153,8 @@ def test_aliases_resolve_case_insensitively(alias, name):
     ("Tesla V100", {"V100-SXM2-16GB", "V100-SXM2-32GB"}),
     ("A100", {"A100-40GB", "A100-80GB"}), ("GH200", {"GH200-96GB", "GH200-144GB"}),
     ("RTX 6000", {"RTX-6000-Ada-48GB", "RTX-PRO-6000-Blackwell-Server-96GB"}),
+    # the driver prints the 8 and 16 GB RTX 4060 Ti alike; a name with the memory finds its row
+    ("NVIDIA GeForce RTX 4060 Ti", {"RTX-4060-Ti-8GB", "RTX-4060-Ti-16GB"}),
 ])
 def test_ambiguous_short_names_are_refused_with_the_variants(short, variants):
     with pytest.raises(CatalogError, match="ambiguous") as exc:
