@@ -48,6 +48,11 @@ HYBRID_PREFIX_CACHING = (0, 28, 0)
 # (mamba_mixer2.py get_kv_cache_spec: num_prefill_checkpoint_blocks=1; vllm PR #57329): first in
 # 0.32.0 (the field exists from 0.29.0, set by no Mamba2 mixer before 0.32.0)
 MAMBA2_PREFILL_CHECKPOINT = (0, 32, 0)
+# a LongRoPE model's default max_model_len is its original_max_position_embeddings (4096 for
+# Phi-3/3.5/4-mini 128k) instead of max_position_embeddings: vllm PR #27431, merged 2025-10-23,
+# in _get_and_verify_max_len ("to avoid performance degradation for shorter sequences") [release
+# inferred from the merge date: 0.11.0 was cut before it]
+LONGROPE_SHORT_DEFAULT = (0, 11, 1)
 # "GPU KV cache size" = max_concurrency x max_model_len (vllm PR #40694; _report_kv_cache_config
 # of 0.20.1; 0.20.0 still logs num_blocks // groups x block_size)
 TOKENS_FROM_CONCURRENCY = (0, 20, 1)
@@ -57,11 +62,6 @@ TOKENS_FROM_CONCURRENCY = (0, 20, 1)
 # of every batch in flight, not one (`max_in_flight_tokens` = max_concurrent_batches x
 # max_num_batched_tokens in SlidingWindowSpec / ChunkedLocalAttentionSpec; vllm PR #47728)
 ASYNC_SCHEDULING_DEFAULT = (0, 14, 0)
-# a LongRoPE model's default max_model_len is its original_max_position_embeddings (4096 for
-# Phi-3/3.5/4-mini 128k) instead of max_position_embeddings: vllm PR #27431, merged 2025-10-23,
-# in _get_and_verify_max_len ("to avoid performance degradation for shorter sequences") [release
-# inferred from the merge date: 0.11.0 was cut before it]
-LONGROPE_SHORT_DEFAULT = (0, 11, 1)
 IN_FLIGHT_WINDOWS = (0, 26, 0)
 # the V2 model runner, default from 0.26.0 for generate models that are neither MoE nor hybrid,
 # keeps pp + 1 batches in flight under async scheduling (the V1 runner pp)
