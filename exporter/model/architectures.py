@@ -503,8 +503,7 @@ def quant_skip_from_config(cfg: Mapping[str, Any]) -> frozenset:
 
 _LM_KEYS = ("text_config", "language_config", "llm_config")
 _LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-                "model_max_length", "max_target_positions",
-                "max_sequence_length", "max_seq_length", "seq_len")
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 
 
 def _need(cfg: Mapping[str, Any], keys: tuple[str, ...], where: str) -> Any:
@@ -531,6 +530,8 @@ def _rope_type(rope: Mapping[str, Any]) -> str:
     return str(rope.get("rope_type") or rope.get("type") or "")
 
 
+# LongRoPE under its name and its older one (Phi-3-medium-128k's config says su)
+LONGROPE_TYPES = ("longrope", "su")
 # rope types whose vLLM cache spans max_position x factor positions (LinearScalingRotaryEmbedding,
 # DynamicNTKScalingRotaryEmbedding); yarn's spans original_max_position_embeddings x factor
 _ROPE_SCALED_CACHE = ("linear", "dynamic")
@@ -573,7 +574,7 @@ def _rope_cache_elements(cfg: Mapping[str, Any], model_type: str, ropes: Mapping
 def _longrope_original(cfg: Mapping[str, Any], ropes: Mapping[str, Mapping[str, Any]], max_pos: int) -> int:
     """original_max_position_embeddings of a LongRoPE config (vLLM reads it from the config's top
     level, else from the rope parameters, else keeps the derived length), 0 without LongRoPE."""
-    if not any(_rope_type(r) in ("longrope", "su") for r in ropes.values()):
+    if not any(_rope_type(r) in LONGROPE_TYPES for r in ropes.values()):
         return 0
     inner = next((r.get("original_max_position_embeddings") for r in ropes.values()
                   if r.get("original_max_position_embeddings")), None)
@@ -832,6 +833,9 @@ MULTI_QUERY_TYPES = (*FALCON_TYPES, "gpt_bigcode")
 # configs that leave the MLP width out: transformers builds 4 x hidden (GPT-2 and GPT-J n_inner
 # null, BLOOM, Falcon's ffn_hidden_size None, GPTBigCode n_inner null)
 FOUR_H_MLP_TYPES = ("gpt2", "gptj", "bloom", "gpt_bigcode", *FALCON_TYPES)
+# one up and one down projection, no gate (and any model whose MLP is squared ReLU)
+UNGATED_MLP_TYPES = ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "gpt_neox", "gptj", "bloom",
+                     "nemotron", "nemotron_h", *FALCON_TYPES)
 # model types whose transformers config ties the lm_head to the embeddings when config.json
 # does not say (PretrainedConfig's default, kept by these classes; vLLM's models tie them too):
 # Gemma, OPT, GPT-2, BLOOM, GPTBigCode, StarCoder2 (3B and 7B publish 3.03B and 7.17B: tied;
@@ -985,22 +989,24 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     vocab = int(_need(cfg, ("vocab_size", "padded_vocab_size"), where))
     # vLLM's derived max_model_len: the smallest of the length keys the config carries
     lengths = [int(cfg[k]) for k in _LENGTH_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0]
-    if not lengths:  # vLLM's _get_and_verify_max_len falls back to 2048 with a warning
-        lengths = [2048]
+    model_max = cfg.get("model_max_length")
+    if isinstance(model_max, (int, float)) and model_max > 0:
+        # "For Command-R / Cohere, Cohere2 / Aya Vision models" vLLM takes model_max_length
+        # whatever the other keys say (Command-R: 131072 beside max_position_embeddings 8192)
+        max_pos = int(model_max)
+    elif lengths:
+        max_pos = min(lengths)
+    else:  # vLLM's _get_and_verify_max_len falls back to 2048 with a warning
+        max_pos = 2048
         notes.append("no max_position_embeddings (or equivalent) in config.json; max_model_len "
                      "defaults to 2048 as in vLLM")
-    max_pos = min(lengths)
-    if isinstance(cfg.get("model_max_length"), (int, float)) and cfg["model_max_length"] > 0:
-        # "For Command-R / Cohere, Cohere2 / Aya Vision models" vLLM then takes model_max_length
-        # whatever the other keys say (Command-R: 131072 beside max_position_embeddings 8192)
-        max_pos = int(cfg["model_max_length"])
     config_max_pos = max_pos
     ropes = _rope_parameters(cfg)
     # vLLM's _get_and_verify_max_len (0.6 to 0.32 alike): the last factor of a rope that is not
     # su / longrope / llama3 (a dynamic NTK rope's too), except that Gemma 3's
     # max_position_embeddings (128K) already counts its linear x8 ("gemma3" not in model_type)
     scaled = [r for r in ropes.values() if r.get("factor")
-              and _rope_type(r) not in ("su", "longrope", "llama3", "mrope", "default")]
+              and _rope_type(r) not in (*LONGROPE_TYPES, "llama3", "mrope", "default")]
     if scaled and "gemma3" not in model_type:
         rope = scaled[-1]
         kind = _rope_type(rope)
@@ -1126,8 +1132,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     rope_cache = _rope_cache_elements(cfg, model_type, ropes, config_max_pos, head_dim)
     # one up and one down projection (no gate) for these types and for squared-ReLU MLPs
     # (Nemotron: mlp_hidden_act relu2)
-    gated = model_type not in ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "gpt_neox", "gptj",
-                               "bloom", "nemotron", "nemotron_h", *FALCON_TYPES) \
+    gated = model_type not in UNGATED_MLP_TYPES \
         and str(_opt(cfg, "mlp_hidden_act", "hidden_act", default="")).lower() != "relu2"
     return ModelArch(
         name=name, model_type=model_type, num_layers=n, hidden_size=hidden, num_heads=heads,
