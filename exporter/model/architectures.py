@@ -155,8 +155,12 @@ class ModelArch:
     # the last N layers attend over the KV of an earlier layer and hold no cache of their own
     # (Gemma 3n / Gemma 4 num_kv_shared_layers: no KV spec in vLLM for them)
     kv_shared_layers: int = 0
-    # layers whose block is the token mixer alone, with no MLP (Nemotron-H's "M" and "*")
+    # layers whose block is the token mixer alone, with no MLP (Nemotron-H's "M" and "*",
+    # Nemotron-NAS blocks whose ffn is a no-op)
     mixer_only_layers: tuple[int, ...] = ()
+    # the MLP width of each layer where layers differ (Nemotron-NAS / DeciLM `block_configs`:
+    # one ffn_mult per layer); () when every dense MLP is intermediate_size wide
+    mlp_widths: tuple[int, ...] = ()
     # every layer runs attention and a Mamba2 mixer side by side, each with its own cache
     # (Falcon-H1: FalconH1ParallelHybrid in vLLM's falcon_h1.py)
     parallel_mixers: bool = False
@@ -317,8 +321,12 @@ class ModelArch:
     def _mlp_matrices(self) -> int:
         return 3 if self.gated_mlp else 2     # gate, up, down; or up, down (relu2, gelu)
 
-    def dense_mlp_params(self) -> int:
-        return self._mlp_matrices * self.hidden_size * self.intermediate_size
+    def mlp_width(self, layer: int) -> int:
+        """Intermediate width of layer `layer`'s dense MLP."""
+        return self.mlp_widths[layer] if self.mlp_widths else self.intermediate_size
+
+    def dense_mlp_params(self, layer: int = 0) -> int:
+        return self._mlp_matrices * self.hidden_size * self.mlp_width(layer)
 
     def expert_params(self) -> int:
         """Parameters of one routed expert (in the latent width for a latent MoE)."""
@@ -354,7 +362,7 @@ class ModelArch:
             if i in moe:
                 width += self.experts_per_token * self.moe_intermediate_size + self.shared_expert_width
             elif self.has_mlp(i):
-                width += self.intermediate_size
+                width += self.mlp_width(i)
         return width
 
     def mixer_params(self) -> int:
@@ -377,7 +385,7 @@ class ModelArch:
             if i in moe:
                 n += self.shared_expert_params() if "shared_experts" in parts else 0
             elif "dense_mlp" in parts and self.has_mlp(i):
-                n += self.dense_mlp_params()
+                n += self.dense_mlp_params(i)
         return n
 
     @property
@@ -406,7 +414,7 @@ class ModelArch:
                 experts += e
                 other += self.hidden_size * self.num_experts
             elif self.has_mlp(i):
-                linear += self.dense_mlp_params()
+                linear += self.dense_mlp_params(i)
         return linear, experts, other
 
     @property
@@ -593,6 +601,56 @@ def _mamba_mixers(cfg: Mapping[str, Any]) -> bool:
     (linear_* keys: Qwen3-Next, Qwen3.5)."""
     return not any(str(k).startswith("linear_") and k != "linear_attention" for k in cfg) and \
         any(str(k).startswith("mamba_") or k == "ssm_state_size" for k in cfg)
+
+
+@dataclass(frozen=True)
+class _NasBlocks:
+    """What a Nemotron-NAS (DeciLM) config's per-layer `block_configs` say."""
+
+    types: tuple[str, ...]       # FULL where the layer attends, FFN where its attention is a no-op
+    widths: tuple[int, ...]      # each layer's MLP intermediate width (0 where the MLP is a no-op)
+    mlp_less: tuple[int, ...]    # layers whose MLP is a no-op
+    kv_heads: int
+
+
+def _nas_blocks(cfg: Mapping[str, Any], n: int, hidden: int, heads: int, where: str) -> _NasBlocks:
+    """Read `block_configs` as vLLM's nemotron_nas.py builds the layers: a layer whose attention
+    is `no_op` has no attention module (so no KV cache, and vLLM's ModelConfig counts only the
+    others as attention layers), its KV heads are num_attention_heads / n_heads_in_group, and
+    its MLP is round_up(int(2 x ffn_mult x hidden / 3), 256) wide (`_ffn_mult_to_intermediate_size`)."""
+    blocks = cfg["block_configs"]
+    if len(blocks) != n:
+        raise CatalogError(f"{where}: block_configs has {len(blocks)} entries, expected {n}")
+    types, widths, mlp_less, groups = [], [], [], set()
+    for i, b in enumerate(blocks):
+        attn = (b or {}).get("attention") or {}
+        ffn = (b or {}).get("ffn") or {}
+        if attn.get("replace_with_linear") or ffn.get("replace_with_linear"):
+            raise CatalogError(f"{where}: block_configs[{i}] replaces a block with a linear layer, "
+                               "which this reader does not describe")
+        if attn.get("no_op"):
+            types.append(FFN)
+        else:
+            g = attn.get("n_heads_in_group")
+            if not isinstance(g, int) or g < 1 or heads % g:
+                raise CatalogError(f"{where}: block_configs[{i}].attention.n_heads_in_group {g!r} "
+                                   f"should divide num_attention_heads {heads}")
+            groups.add(g)
+            types.append(FULL)
+        if ffn.get("no_op"):
+            mlp_less.append(i)
+            widths.append(0)
+        else:
+            mult = ffn.get("ffn_mult")
+            if not isinstance(mult, (int, float)) or mult <= 0:
+                raise CatalogError(f"{where}: block_configs[{i}].ffn.ffn_mult {mult!r} should be a positive number")
+            w = int(2 * mult * hidden / 3)
+            widths.append(-(-w // 256) * 256)
+    if len(groups) != 1:
+        raise CatalogError(f"{where}: block_configs' attention layers have "
+                           + (f"n_heads_in_group {sorted(groups)}: KV heads that differ by layer are not described"
+                              if groups else "no attention layer"))
+    return _NasBlocks(tuple(types), tuple(widths), tuple(mlp_less), heads // groups.pop())
 
 
 def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) -> tuple[str, ...]:
@@ -856,6 +914,7 @@ KNOWN_MODEL_TYPES = frozenset({
     "gemma4", "gemma4_text", "mimo_v2_flash", "granitemoeshared", "granitemoehybrid", "falcon_h1",
     "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v32",
     "RefinedWeb", "RefinedWebModel", "qwen3_vl_text", "qwen3_vl_moe_text", "glm_moe_dsa", "mimo",
+    "nemotron-nas",
 })
 
 
@@ -974,6 +1033,12 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     n = int(_need(cfg, ("num_hidden_layers", "n_layer", "num_layers"), where))
     hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model", "n_embed"), where))
     heads = int(_need(cfg, ("num_attention_heads", "n_head"), where))
+    nas = _nas_blocks(cfg, n, hidden, heads, where) if isinstance(cfg.get("block_configs"), list) else None
+    if nas:
+        # Nemotron-NAS: the config's top-level KV heads and MLP width are null; the blocks give them
+        cfg = {**cfg, "num_key_value_heads": nas.kv_heads, "intermediate_size": max(nas.widths)}
+        notes.append(f"per-layer blocks: {nas.types.count(FULL)} of {n} layers attend, MLP widths "
+                     f"{min(nas.widths)}-{max(nas.widths)}")
     kv_heads = int(_opt(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
     if model_type in MULTI_QUERY_TYPES and cfg.get("multi_query", model_type == "gpt_bigcode") \
             and not (cfg.get("new_decoder_architecture") or model_type == "RefinedWeb"):
@@ -1075,8 +1140,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         shared_inter = int(cfg.get("shared_intermediate_size") or 0)   # shared_mlp beside the experts
     mla = cfg.get("kv_lora_rank") is not None
     indexer = mla and bool(cfg.get("index_topk"))   # DeepSeek sparse attention's lightning indexer
-    types = _layer_types(cfg, model_type, n, where)
-    mixer_only: tuple[int, ...] = ()
+    types = nas.types if nas else _layer_types(cfg, model_type, n, where)
+    mixer_only: tuple[int, ...] = nas.mlp_less if nas else ()
     latent = 0
     parallel = model_type == "falcon_h1"   # attention and Mamba2 side by side in every layer
     if isinstance(cfg.get("hybrid_override_pattern"), str):
@@ -1152,6 +1217,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
         mixer_only_layers=mixer_only, moe_latent_size=latent,
+        mlp_widths=nas.widths if nas and len(set(nas.widths)) > 1 else (),
         parallel_mixers=parallel,
         attn_output_gate=bool(cfg.get("attn_output_gate", model_type in GDN_TYPES)),
         state=_recurrent_state(cfg, types + ((MAMBA,) if parallel else ()), hidden, model_type,

@@ -193,6 +193,23 @@ def test_older_layouts_cache_what_vllm_caches(model_id, kv_heads, head_dim, max_
     assert (arch.num_kv_heads, arch.head_dim, arch.max_position_embeddings) == (kv_heads, head_dim, max_len)
 
 
+def test_nemotron_super_49b_is_the_pruned_llama_its_blocks_describe():
+    """Llama-3.3-Nemotron-Super-49B-v1 (aiconfigurator's copy of its config.json): 49.9 B
+    parameters on its model card, from Llama-3.3-70B's 80 layers of which 49 keep their
+    attention (8 KV heads of 128) and each keeps an MLP of its own width. vLLM caches those 49
+    layers' K and V: 49 x 8 x 128 x 2 x 2 bytes a token at 16 bits (70B: 80 layers)."""
+    from exporter.model.kv_cache import bytes_per_token
+    from exporter.model.setup import Setup
+    arch = resolve_model("nvidia/Llama-3_3-Nemotron-Super-49B-v1")
+    assert arch.total_params / 1e9 == pytest.approx(49.9, rel=0.02)
+    assert (arch.num_layers, arch.attention_layers, arch.num_kv_heads, arch.head_dim) == (80, 49, 8, 128)
+    assert sorted({arch.mlp_width(i) for i in range(80)}) == [2816, 5632, 7168, 14336, 17920, 28672]
+    assert not any("not one we know" in n for n in arch.notes)
+    assert bytes_per_token(Setup.build(arch, "H100-SXM-80GB")) == 49 * 8 * 128 * 2 * 2
+    llama = resolve_model("meta-llama/Llama-3.3-70B-Instruct")
+    assert bytes_per_token(Setup.build(llama, "H100-SXM-80GB")) == 80 * 8 * 128 * 2 * 2
+
+
 def test_glm_5_caches_a_latent_and_an_indexer_key_as_deepseek_v3_2_does():
     """GLM-5 (glm_moe_dsa) is DeepSeek sparse attention at another shape: vLLM caches the MLA latent
     (kv_lora_rank 512 + rope 64) and the lightning indexer's 128-wide key per token and layer."""

@@ -9,6 +9,7 @@ import pytest
 from conftest import VLLM_CPU
 from exporter.errors import CatalogError
 from exporter.model.architectures import KVShape, arch_from_config, quant_from_config
+from exporter.model.kv_cache import bytes_per_token
 from exporter.model.setup import Setup, tp_refusal
 from exporter.model.weights import from_local_dir, read_header, summarize
 from fake_hub import safetensors_header_only
@@ -355,3 +356,40 @@ def test_model_max_length_is_the_derived_length_as_vllm_reads_it():
     del cfg["max_position_embeddings"]
     cfg["model_max_length"] = 4096
     assert arch_from_config(cfg, name="c", where="c").max_position_embeddings == 4096
+
+
+NAS = {"model_type": "nemotron-nas", "num_hidden_layers": 4, "hidden_size": 768, "num_attention_heads": 12,
+       "num_key_value_heads": None, "intermediate_size": None, "vocab_size": 1000,
+       "max_position_embeddings": 4096}
+
+
+def test_nemotron_nas_blocks_are_read_layer_by_layer_as_vllm_builds_them():
+    """DeciLM / Nemotron-NAS block_configs: a no-op attention leaves the layer without a KV cache
+    (vLLM's nemotron_nas.py builds no attention module there); KV heads are heads /
+    n_heads_in_group; each MLP is round_up(int(2 x ffn_mult x hidden / 3), 256) wide."""
+    blocks = [{"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 1.0}},      # 512 -> 512
+              {"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.3}},              # 665 -> 768
+              {"attention": {"n_heads_in_group": 4}, "ffn": {"no_op": True}},        # attention only
+              {"attention": {"no_op": True}, "ffn": {"ffn_mult": 2.625}}]            # 1344 -> 1536
+    arch = arch_from_config({**NAS, "block_configs": blocks}, name="nas", where="nas")
+    assert arch.num_kv_heads == 3 and arch.attention_layers == 2
+    assert [arch.mlp_width(i) for i in range(4)] == [512, 768, 0, 1536]
+    assert [arch.has_mlp(i) for i in range(4)] == [True, True, False, True]
+    attn = 768 * 768 * 2 + 768 * 3 * 64 * 2          # q, o and k, v of 3 KV heads of 64
+    mlp = 3 * 768 * (512 + 768 + 1536)
+    linear, experts, _ = arch.layer_params()
+    assert (linear, experts) == (2 * attn + mlp, 0)
+    # KV: the two attending layers only, 3 heads x 64 x (K, V) x 2 bytes each
+    assert bytes_per_token(Setup.build(arch, "H100-SXM-80GB")) == 2 * 3 * 64 * 2 * 2
+
+
+@pytest.mark.parametrize("blocks, words", [
+    ([{"attention": {"replace_with_linear": True}, "ffn": {"ffn_mult": 1.0}}] * 4, "linear layer"),
+    ([{"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 1.0}},
+      {"attention": {"n_heads_in_group": 6}, "ffn": {"ffn_mult": 1.0}}] * 2, "differ by layer"),
+    ([{"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 1.0}}] * 3, "3 entries, expected 4"),
+    ([{"attention": {"n_heads_in_group": 5}, "ffn": {"ffn_mult": 1.0}}] * 4, "should divide"),
+])
+def test_nemotron_nas_blocks_it_cannot_describe_are_refused_by_name(blocks, words):
+    with pytest.raises(CatalogError, match=words):
+        arch_from_config({**NAS, "block_configs": blocks}, name="nas", where="nas/config.json")
