@@ -326,6 +326,7 @@ class ModelArch:
         return self.mlp_widths[layer] if self.mlp_widths else self.intermediate_size
 
     def dense_mlp_params(self, layer: int = 0) -> int:
+        """Parameters of layer `layer`'s dense MLP (any layer's where widths do not differ)."""
         return self._mlp_matrices * self.hidden_size * self.mlp_width(layer)
 
     def expert_params(self) -> int:
@@ -609,8 +610,12 @@ class _NasBlocks:
 
     types: tuple[str, ...]       # FULL where the layer attends, FFN where its attention is a no-op
     widths: tuple[int, ...]      # each layer's MLP intermediate width (0 where the MLP is a no-op)
-    mlp_less: tuple[int, ...]    # layers whose MLP is a no-op
     kv_heads: int
+
+    @property
+    def mlp_less(self) -> tuple[int, ...]:
+        """Layers whose MLP is a no-op."""
+        return tuple(i for i, w in enumerate(self.widths) if not w)
 
 
 def _nas_blocks(cfg: Mapping[str, Any], n: int, hidden: int, heads: int, where: str) -> _NasBlocks:
@@ -621,7 +626,7 @@ def _nas_blocks(cfg: Mapping[str, Any], n: int, hidden: int, heads: int, where: 
     blocks = cfg["block_configs"]
     if len(blocks) != n:
         raise CatalogError(f"{where}: block_configs has {len(blocks)} entries, expected {n}")
-    types, widths, mlp_less, groups = [], [], [], set()
+    types, widths, groups = [], [], set()
     for i, b in enumerate(blocks):
         attn = (b or {}).get("attention") or {}
         ffn = (b or {}).get("ffn") or {}
@@ -638,19 +643,17 @@ def _nas_blocks(cfg: Mapping[str, Any], n: int, hidden: int, heads: int, where: 
             groups.add(g)
             types.append(FULL)
         if ffn.get("no_op"):
-            mlp_less.append(i)
             widths.append(0)
         else:
             mult = ffn.get("ffn_mult")
             if not isinstance(mult, (int, float)) or mult <= 0:
                 raise CatalogError(f"{where}: block_configs[{i}].ffn.ffn_mult {mult!r} should be a positive number")
-            w = int(2 * mult * hidden / 3)
-            widths.append(-(-w // 256) * 256)
+            widths.append(math.ceil(int(2 * mult * hidden / 3) / 256) * 256)
     if len(groups) != 1:
         raise CatalogError(f"{where}: block_configs' attention layers have "
                            + (f"n_heads_in_group {sorted(groups)}: KV heads that differ by layer are not described"
                               if groups else "no attention layer"))
-    return _NasBlocks(tuple(types), tuple(widths), tuple(mlp_less), heads // groups.pop())
+    return _NasBlocks(tuple(types), tuple(widths), heads // groups.pop())
 
 
 def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) -> tuple[str, ...]:
