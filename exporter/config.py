@@ -15,6 +15,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
                       model_validator)
 
+from exporter import yamlfile
 from exporter.errors import ConfigError, InputError
 from exporter.model.architectures import normalize_quantization
 from exporter.model.calibrate import Row, read_rows
@@ -389,7 +390,7 @@ def load_config(path: str | Path) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yamlfile.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

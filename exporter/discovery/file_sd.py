@@ -16,6 +16,7 @@ from typing import Any, Callable
 import yaml
 from pydantic import ValidationError
 
+from exporter import yamlfile
 from exporter.config import TargetSpec
 from exporter.discovery.vllm_args import token_count
 from exporter.errors import ConfigError
@@ -28,7 +29,7 @@ _EXPECTED = {int: "an integer", str: "a string", token_count: "a token count (81
 def parse_file_sd(path: str, text: str) -> list[TargetSpec]:
     """Targets of one file_sd document; `ConfigError` names the file and the entry."""
     try:
-        data: Any = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        data: Any = json.loads(text) if path.endswith(".json") else yamlfile.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {str(exc).splitlines()[0]}") from None
     if data is None:

@@ -19,8 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
+from exporter import yamlfile
 from exporter.errors import CatalogError, InputError
 from exporter.model.weights import WeightInfo
 
@@ -1331,7 +1330,7 @@ def _stem(model_id: str) -> str:
 @lru_cache(maxsize=1)
 def _catalog() -> tuple[dict[str, dict], dict[str, str], dict[str, str], dict[str, str], dict[str, str]]:
     text = resources.files("exporter.model").joinpath("data/models.yaml").read_text(encoding="utf-8")
-    entries: dict[str, dict] = yaml.safe_load(text)["models"]
+    entries: dict[str, dict] = yamlfile.safe_load(text)["models"]
     by_id: dict[str, str] = {}
     by_name: dict[str, str] = {}
     by_variant: dict[str, str] = {}

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from exporter import yamlfile
 from exporter.errors import CatalogError, InputError
 
 GIB = 1024**3
@@ -195,7 +196,7 @@ def load_gpu_file(path: str | Path) -> list[GpuRow]:
     """Rows from an operator's YAML file (same schema as the built-in data file)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlfile.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise CatalogError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
@@ -296,7 +297,7 @@ class Catalog:
 
     @classmethod
     def from_file(cls, path: Path = DATA_FILE) -> "Catalog":
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlfile.safe_load(path.read_text(encoding="utf-8"))
         rows = rows_from_data(data.get("gpus"), str(path))
         raw = {r.name: r.model_dump(exclude_none=True) for r in rows}
         for name, r in raw.items():

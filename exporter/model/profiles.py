@@ -11,8 +11,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
-import yaml
-
+from exporter import yamlfile
 from exporter.errors import CatalogError
 
 OBJECTIVES = ("cost", "latency", "throughput")
@@ -70,7 +69,7 @@ def _opt(v: Any) -> float | None:
 def profiles() -> dict[str, Profile]:
     """Every preset, in file order."""
     text = resources.files("exporter.model").joinpath("data/profiles.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text)["profiles"]
+    data = yamlfile.safe_load(text)["profiles"]
     return {name: _build(name, e) for name, e in data.items()}
 
 

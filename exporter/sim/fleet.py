@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from exporter import yamlfile
 from exporter.errors import InputError
 from exporter.sim.eras import era_for
 from exporter.sim.scenario import SimServerState, build, builtin_names, load_scenario, with_data_parallel
@@ -35,7 +36,7 @@ class FleetSpec:
 def load_fleet_config(path: str) -> FleetSpec:
     """`targets: N`, optional `engines`, `scenarios` (names or paths), `vllm_versions`, `seed`."""
     try:
-        data: Any = yaml.safe_load(Path(path).read_text())
+        data: Any = yamlfile.safe_load(Path(path).read_text())
     except OSError as exc:
         raise InputError(f"{path}: cannot read fleet config ({exc.strerror})") from None
     except yaml.YAMLError as exc:

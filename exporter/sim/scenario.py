@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from exporter import yamlfile
 from exporter.errors import InputError
 from exporter.sim import data_parallel
 from exporter.sim.engine import Engine, EngineConfig, LengthDist, Phase, StepTimeFn, Traffic
@@ -329,7 +330,7 @@ def load_scenario(name_or_path: str) -> Scenario:
     except OSError as exc:
         raise InputError(f"{name_or_path}: cannot read scenario file ({exc.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yamlfile.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
