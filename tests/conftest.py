@@ -28,6 +28,10 @@ sys.path.insert(0, str(TESTS / "helpers"))
 # none leaves 127.0.0.1). Tests that want a cache or a hub pass their own (tests/helpers/fake_hub.py).
 os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="vllm-drift-empty-hf-cache-")
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+# huggingface_hub reads HF_HUB_OFFLINE once, at its import, and the package loads it only on the
+# first model the catalog does not know: load it here, before a test sets the variable, or the
+# first test to reach the Hub would decide offline or online for every test after it
+import huggingface_hub.constants  # noqa: E402,F401
 
 
 def _logging_state():

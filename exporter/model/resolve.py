@@ -37,8 +37,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
-from huggingface_hub.utils import disable_progress_bars
 
 from exporter.errors import CatalogError, InputError
 from exporter.model import weights as weights_mod
@@ -188,6 +186,12 @@ def _try_local(name: str, settings: HubSettings, notes: list[str], tried: list[s
 
 def _try_cache(repo_id: str, settings: HubSettings, notes: list[str], tried: list[str]) -> ModelArch | None:
     cache = settings.hub_cache()
+    # the cache keeps a repository under models--{org}--{name}; without that folder there is
+    # nothing to look up, and huggingface_hub (with httpx under it, ~0.1 s) need not load
+    if not (cache / f"models--{repo_id.replace('/', '--')}").is_dir():
+        tried.append(f"not in HF cache at {cache}")
+        return None
+    from huggingface_hub import try_to_load_from_cache
     try:
         hit = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache))
     except Exception as exc:  # huggingface_hub validation errors (a name that is not a repo id)
@@ -203,6 +207,8 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
     if settings.is_offline():
         tried.append("hub offline")
         return None
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.utils import disable_progress_bars
     disable_progress_bars()   # huggingface_hub's download bars would break one-line CLI/daemon output
     endpoint = settings.hub_endpoint()
     try:
@@ -235,6 +241,7 @@ def _try_hub(repo_id: str, settings: HubSettings, notes: list[str], tried: list[
 
 def _hub_companion(repo_id: str, settings: HubSettings, notes: list[str]) -> dict[str, Any] | None:
     """The repository's hf_quant_config.json, None when it has none (HTTP 404, as for most models)."""
+    from huggingface_hub import hf_hub_download
     try:
         path = hf_hub_download(repo_id, QUANT_COMPANION, cache_dir=str(settings.hub_cache()),
                                endpoint=settings.hub_endpoint(), etag_timeout=settings.timeout)
@@ -249,6 +256,7 @@ def _hub_companion(repo_id: str, settings: HubSettings, notes: list[str]) -> dic
 def _hub_weights(api: Any, repo_id: str, num_layers: int, settings: HubSettings) -> weights_mod.WeightInfo:
     """Shard headers by HTTP range reads (`parse_safetensors_file_metadata`), the index kept in
     our HF cache: what `HfApi.get_safetensors_metadata` does, minus its writes to the default cache."""
+    from huggingface_hub import hf_hub_download
     try:
         index = hf_hub_download(repo_id, "model.safetensors.index.json", cache_dir=str(settings.hub_cache()),
                                 endpoint=settings.hub_endpoint(), etag_timeout=settings.timeout)
