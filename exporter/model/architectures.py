@@ -160,6 +160,17 @@ class ModelArch:
     # the MLP width of each layer where layers differ (Nemotron-NAS / DeciLM `block_configs`:
     # one ffn_mult per layer); () when every dense MLP is intermediate_size wide
     mlp_widths: tuple[int, ...] = ()
+    # Per-Layer Embeddings (Gemma 3n; Gemma 4's E models), `hidden_size_per_layer_input` wide: a
+    # second table of `vocab_size_per_layer_input` x (num_layers x width) that each token gathers
+    # from (held, never read whole in a step), a projection of the embedded token to the
+    # layers' inputs, and in every layer a gate to the width and a projection back, both
+    # ReplicatedLinear (gemma3n.py, gemma4.py): every TP rank holds and reads them whole
+    ple_width: int = 0
+    ple_vocab: int = 0
+    # Gemma 3n's AltUp (altup_num_inputs streams of the hidden state: 2 x (n - 1) hidden x hidden
+    # projections around the layers, a router per layer) and LAuReL (a rank-r residual per layer)
+    altup_inputs: int = 0
+    laurel_rank: int = 0
     # every layer runs attention and a Mamba2 mixer side by side, each with its own cache
     # (Falcon-H1: FalconH1ParallelHybrid in vLLM's falcon_h1.py)
     parallel_mixers: bool = False
@@ -310,11 +321,20 @@ class ModelArch:
         each rank reads all of them every step (Kimi-K2.5: 0.92 B parameters, 1.85 GB at 16 bits
         on every GPU of a TP8 group, not 0.23); so are a latent MoE's down and up projections
         (`fc1_latent_proj` / `fc2_latent_proj`, ReplicatedLinear in nemotron_h.py)."""
-        latent = len(self.moe_layers) * self.latent_proj_params()
+        latent = len(self.moe_layers) * self.latent_proj_params() + self.num_layers * self.ple_layer_params()
         if self.attention != "mla":
             return latent
         per_layer = self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
         return (per_layer + self.indexer_params()) * self.attention_layers + latent
+
+    def ple_layer_params(self) -> int:
+        """One layer's per-layer-input gate and projection (0 without Per-Layer Embeddings)."""
+        return 2 * self.hidden_size * self.ple_width
+
+    @property
+    def ple_embedding_params(self) -> int:
+        """The Per-Layer Embedding table: gathered per token, so held but not read in a step."""
+        return self.ple_vocab * self.num_layers * self.ple_width
 
     @property
     def _mlp_matrices(self) -> int:
@@ -398,11 +418,17 @@ class ModelArch:
 
     def layer_params(self) -> tuple[int, int, int]:
         """(linear params that quantisation applies to, routed-expert params among them,
-        params kept in native dtype such as norms and routers), summed over all layers."""
-        linear = experts = other = 0
+        params kept in native dtype such as norms and routers), summed over all layers, with the
+        model-level linears beside them (Per-Layer Embeddings' projection, AltUp's)."""
+        h = self.hidden_size
+        linear = h * self.num_layers * self.ple_width + 2 * max(self.altup_inputs - 1, 0) * h * h
+        experts = other = 0
         moe = set(self.moe_layers)
         for i in range(self.num_layers):
             other += 2 * self.hidden_size
+            linear += self.ple_layer_params() + 2 * h * self.laurel_rank
+            if self.altup_inputs > 1:   # the router; its prediction and correction coefficients
+                other += h * self.altup_inputs + self.altup_inputs ** 3 + self.altup_inputs ** 2
             if self.has_mixer(i):
                 linear += self.mixer_params()
                 other += self.state.other_params if self.state else 0
@@ -420,7 +446,8 @@ class ModelArch:
     @property
     def total_params(self) -> int:
         linear, _, other = self.layer_params()
-        return linear + other + self.embedding_params + self.lm_head_params + self.extra_params
+        return (linear + other + self.embedding_params + self.lm_head_params + self.ple_embedding_params
+                + self.extra_params)
 
     @property
     def active_params(self) -> int:
@@ -678,8 +705,9 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
     window = cfg.get("sliding_window")
     if model_type == "gemma2" and window:
         return tuple(SLIDING if i % 2 == 0 else FULL for i in range(n))
-    if model_type in ("gemma3_text", "gemma3") and window:
-        every = int(cfg.get("sliding_window_pattern") or 6)
+    if model_type in ("gemma3_text", "gemma3", *GEMMA3N_TYPES) and window:
+        # Gemma 3n's config class fills in one full layer in five (configuration_gemma3n.py)
+        every = int(cfg.get("sliding_window_pattern") or (5 if model_type in GEMMA3N_TYPES else 6))
         return tuple(FULL if (i + 1) % every == 0 else SLIDING for i in range(n))
     if model_type in ("llama4_text", "llama4") and cfg.get("attention_chunk_size"):
         if isinstance(cfg.get("no_rope_layers"), list) and len(cfg["no_rope_layers"]) == n:
@@ -900,7 +928,10 @@ UNGATED_MLP_TYPES = ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "gpt_neo
 # does not say (PretrainedConfig's default, kept by these classes; vLLM's models tie them too):
 # Gemma, OPT, GPT-2, BLOOM, GPTBigCode, StarCoder2 (3B and 7B publish 3.03B and 7.17B: tied;
 # 15B says false), Falcon (FalconForCausalLM ties unless the config says not)
-TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "opt", "gpt2", "bloom", "gpt_bigcode", "cohere", "cohere2",
+# Gemma 3n's text and multimodal model types (configuration_gemma3n.py)
+GEMMA3N_TYPES = ("gemma3n", "gemma3n_text")
+
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", *GEMMA3N_TYPES, "opt", "gpt2", "bloom", "gpt_bigcode", "cohere", "cohere2",
                    "starcoder2", *FALCON_TYPES)
 
 # model_type values whose config fields the generic decoder path is known to read right
@@ -916,8 +947,60 @@ KNOWN_MODEL_TYPES = frozenset({
     "gemma4", "gemma4_text", "mimo_v2_flash", "granitemoeshared", "granitemoehybrid", "falcon_h1",
     "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v32",
     "RefinedWeb", "RefinedWebModel", "qwen3_vl_text", "qwen3_vl_moe_text", "glm_moe_dsa", "mimo",
-    "nemotron-nas",
+    "nemotron-nas", *GEMMA3N_TYPES,
 })
+
+
+def _listed_mlp_widths(cfg: Mapping[str, Any], n: int, where: str) -> tuple[int, ...]:
+    """Per-layer MLP widths of a config whose intermediate_size is a list (Gemma 3n: its
+    MatFormer checkpoints may give each layer its own; gemma3n.py builds layer i
+    intermediate_size[i] wide); () when it is one number."""
+    listed = cfg.get("intermediate_size")
+    if not isinstance(listed, list):
+        return ()
+    if len(listed) != n or not all(isinstance(w, int) and w > 0 for w in listed):
+        raise CatalogError(f"{where}: intermediate_size lists {len(listed)} widths; expected "
+                           f"{n} positive integers, one per layer")
+    return tuple(listed)
+
+
+def _distinct(widths: tuple[int, ...]) -> tuple[int, ...]:
+    """Per-layer widths worth keeping: () when every layer has the same."""
+    return widths if len(set(widths)) > 1 else ()
+
+
+def gemma3n_tower_params(outer: Mapping[str, Any], text_hidden: int) -> tuple[int, str]:
+    """Gemma 3n's audio and vision towers with their embedders into the text width, estimated
+    from config.json (the safetensors headers give them exactly):
+    - audio: a conformer of `conf_num_hidden_layers` blocks `hidden_size` wide, ~24 h^2 each (two
+      macaron feed-forwards to 4h, 16 h^2; attention and its relative-position projection,
+      5 h^2; the light convolution's gated input and its output, 3 h^2: configuration_gemma3n.py
+      Gemma3nAudioConfig, gemma3n_audio.py);
+    - vision: timm's MobileNet-V5 encoder, whose `architecture` names its size
+      ("mobilenetv5_300m_enc": 300 M parameters);
+    - each embedder: a soft-token table of `vocab_size` x the tower width and a projection to the
+      text width."""
+    total, parts = 0, []
+    audio = outer.get("audio_config")
+    if isinstance(audio, Mapping):
+        h = int(audio.get("hidden_size") or 0)
+        layers = int(audio.get("conf_num_hidden_layers") or 0)
+        if h and layers:
+            n = 24 * h * h * layers + int(audio.get("vocab_size") or 0) * h + h * text_hidden
+            total += n
+            parts.append(f"audio ~{n / 1e6:.0f}M ({layers} conformer blocks x {h})")
+    vision = outer.get("vision_config")
+    if isinstance(vision, Mapping):
+        m = re.search(r"_(\d+)m(?:_|$)", str(vision.get("architecture") or ""))
+        h = int(vision.get("hidden_size") or 0)
+        if m and h:
+            n = int(m.group(1)) * 10**6 + int(vision.get("vocab_size") or 0) * h + h * text_hidden
+            total += n
+            parts.append(f"vision ~{n / 1e6:.0f}M ({vision['architecture']})")
+    if not parts:
+        return 0, ""
+    return total, ("towers estimated from config.json (exact when the safetensors headers are read): "
+                   + ", ".join(parts))
 
 
 def vision_tower_params(vc: Mapping[str, Any], text_hidden: int, outer: Mapping[str, Any]) -> int:
@@ -1041,6 +1124,9 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         cfg = {**cfg, "num_key_value_heads": nas.kv_heads, "intermediate_size": max(nas.widths)}
         notes.append(f"per-layer blocks: {nas.types.count(FULL)} of {n} layers attend, MLP widths "
                      f"{min(nas.widths)}-{max(nas.widths)}")
+    widths = _listed_mlp_widths(cfg, n, where)
+    if widths:
+        cfg = {**cfg, "intermediate_size": max(widths)}
     kv_heads = int(_opt(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads))
     if model_type in MULTI_QUERY_TYPES and cfg.get("multi_query", model_type == "gpt_bigcode") \
             and not (cfg.get("new_decoder_architecture") or model_type == "RefinedWeb"):
@@ -1190,6 +1276,21 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         raise CatalogError(f"{where}: num_kv_shared_layers {kv_shared} should be below num_hidden_layers {n}")
     if kv_shared:
         notes.append(f"the last {kv_shared} layers reuse an earlier layer's KV cache and hold none")
+    if cfg.get("use_double_wide_mlp") and kv_shared and not n_experts:
+        # Gemma 4: the KV-shared layers' MLPs are twice intermediate_size wide (gemma4.py)
+        widths = tuple((widths[i] if widths else inter) * (2 if i >= n - kv_shared else 1) for i in range(n))
+        notes.append(f"the {kv_shared} KV-shared layers' MLPs are double width ({2 * inter})")
+    ple_width = int(cfg.get("hidden_size_per_layer_input") or 0)
+    ple_vocab = int(cfg.get("vocab_size_per_layer_input") or vocab) if ple_width else 0
+    if ple_width:
+        notes.append(f"per-layer embeddings: {ple_vocab} x {n} x {ple_width} "
+                     f"({ple_vocab * n * ple_width / 1e9:.2f} B parameters, gathered per token)")
+    altup = int(cfg.get("altup_num_inputs") or 0) if model_type in GEMMA3N_TYPES else 0
+    laurel = int(cfg.get("laurel_rank") or 0) if model_type in GEMMA3N_TYPES else 0
+    if model_type in GEMMA3N_TYPES and not extra_params:
+        extra_params, tower_note = gemma3n_tower_params(outer, hidden)
+        if tower_note:
+            notes.append(tower_note)
     if mla:
         rotary = int(cfg.get("qk_rope_head_dim") or 0)
     elif cfg.get("rotary_dim"):
@@ -1219,7 +1320,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
         mixer_only_layers=mixer_only, moe_latent_size=latent,
-        mlp_widths=nas.widths if nas and len(set(nas.widths)) > 1 else (),
+        mlp_widths=_distinct(nas.widths if nas else widths),
+        ple_width=ple_width, ple_vocab=ple_vocab, altup_inputs=altup, laurel_rank=laurel,
         parallel_mixers=parallel,
         attn_output_gate=bool(cfg.get("attn_output_gate", model_type in GDN_TYPES)),
         state=_recurrent_state(cfg, types + ((MAMBA,) if parallel else ()), hidden, model_type,

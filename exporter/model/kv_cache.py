@@ -291,6 +291,8 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
     if stage == 0:
         share_rep = CALIBRATION["tower_replicated_share"]
         total += emb / tp + m.extra_params * native * (share_rep + (1 - share_rep) / tp)
+        # the Per-Layer Embedding table, split over the ranks by vocabulary as embed_tokens is
+        total += m.ple_embedding_params * native / tp
     if stage == pp - 1:
         if not m.tie_word_embeddings or pp > 1:
             total += emb / tp
@@ -320,7 +322,7 @@ def _checkpoint_scale(setup: Setup) -> float:
     else:
         lin = linear * native
     emb = m.vocab_size * m.hidden_size * native * (1 if m.tie_word_embeddings else 2)
-    derived = lin + (other + m.extra_params) * native + emb
+    derived = lin + (other + m.extra_params + m.ple_embedding_params) * native + emb
     return float(exact) / derived if derived > 0 else 1.0
 
 

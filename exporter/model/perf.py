@@ -704,6 +704,8 @@ def shape_for(setup: Any) -> Shape:
     if not m.tie_word_embeddings:
         weights -= emb
     weights -= m.rope_cache_size * native
+    # so is the Per-Layer Embedding table's (Gemma 3n, Gemma 4 E models): each token gathers its row
+    weights -= m.ple_embedding_params * native / tp
     _, experts, other = m.layer_params()
     expert_bytes = 0.0
     if m.is_moe and experts:
@@ -712,7 +714,8 @@ def shape_for(setup: Any) -> Shape:
         dense_part = kvc.dense_linear_bytes(setup) + other * native + emb  # emb: the lm_head
         expert_bytes = max(weights - dense_part, 0.0)
     dense = max(weights - expert_bytes, 0.0)
-    flop_params = m.active_params - (m.embedding_params if not m.tie_word_embeddings else 0)
+    flop_params = (m.active_params - m.ple_embedding_params
+                   - (m.embedding_params if not m.tie_word_embeddings else 0))
     types = m.layer_types or tuple(["full"] * m.num_layers)
     n_swa = sum(1 for t in types if t in (SLIDING, CHUNKED))
     n_state = m.state_layers

@@ -393,3 +393,83 @@ def test_nemotron_nas_blocks_are_read_layer_by_layer_as_vllm_builds_them():
 def test_nemotron_nas_blocks_it_cannot_describe_are_refused_by_name(blocks, words):
     with pytest.raises(CatalogError, match=words):
         arch_from_config({**NAS, "block_configs": blocks}, name="nas", where="nas/config.json")
+
+
+def gemma3n(layers: int = 5, **text) -> dict:
+    """A small Gemma 3n config in the layout of google/gemma-3n-E2B-it's (text_config beside the
+    audio and vision towers' configs)."""
+    t = {"model_type": "gemma3n_text", "num_hidden_layers": layers, "hidden_size": 256, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": [1024] * layers, "vocab_size": 1000,
+         "vocab_size_per_layer_input": 800, "hidden_size_per_layer_input": 32, "num_kv_shared_layers": 2,
+         "sliding_window": 512, "max_position_embeddings": 32768, "altup_num_inputs": 4, "laurel_rank": 16,
+         "hidden_activation": "gelu_pytorch_tanh", "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+         "layer_types": ["sliding_attention"] * (layers - 1) + ["full_attention"], **text}
+    return {"model_type": "gemma3n", "architectures": ["Gemma3nForConditionalGeneration"], "torch_dtype": "bfloat16",
+            "text_config": t,
+            "audio_config": {"model_type": "gemma3n_audio", "hidden_size": 128, "conf_num_hidden_layers": 2,
+                             "vocab_size": 128},
+            "vision_config": {"model_type": "gemma3n_vision", "architecture": "mobilenetv5_300m_enc",
+                              "hidden_size": 256, "vocab_size": 128}}
+
+
+def test_gemma3n_per_layer_embeddings_altup_laurel_and_kv_shared_layers_as_vllm_builds_them():
+    """gemma3n.py: the last num_kv_shared_layers attend over an earlier layer's cache; a
+    Per-Layer Embedding table of vocab_size_per_layer_input x layers x width beside embed_tokens,
+    projected from the hidden state, gated and projected back in every layer (ReplicatedLinear);
+    AltUp's 2 x (n - 1) hidden x hidden projections and LAuReL's rank-r residual per layer; the
+    output head tied to embed_tokens."""
+    arch = arch_from_config(gemma3n(), name="g", where="g")
+    h, n = 256, 5
+    assert arch.tie_word_embeddings and arch.kv_shared_layers == 2
+    assert arch.cache_layer_types == ("sliding",) * 3          # layers 3 and 4 hold no cache
+    assert arch.ple_embedding_params == 800 * n * 32
+    attn_full = h * 4 * 64 * 2 + h * 2 * 64 * 2                # q, o; k, v of 2 KV heads
+    attn_shared = h * 4 * 64 * 2                               # q, o only
+    per_layer = 3 * h * 1024 + 2 * h * 32 + 2 * h * 16         # MLP, PLE gate + projection, LAuReL
+    model_level = h * n * 32 + 2 * 3 * h * h                   # PLE projection, AltUp in and out
+    linear, experts, _ = arch.layer_params()
+    assert (linear, experts) == (3 * attn_full + 2 * attn_shared + n * per_layer + model_level, 0)
+    assert arch.replicated_linear_params() == n * 2 * h * 32
+    # the towers, estimated from their configs: a 2-block conformer 128 wide, MobileNet-V5 300M
+    assert arch.extra_params == (24 * 128 * 128 * 2 + 128 * 128 + 128 * h) + (300 * 10**6 + 128 * h + h * h)
+    assert any("towers estimated" in note for note in arch.notes)
+    # KV: 3 sliding layers x 2 heads x 64 x (K, V) x 2 bytes
+    assert bytes_per_token(Setup.build(arch, "H100-SXM-80GB")) == 3 * 2 * 64 * 2 * 2
+
+
+def test_per_layer_embeddings_are_held_but_not_read_in_a_step():
+    """The PLE table adds to the weights every rank holds (split by vocabulary) and to nothing a
+    decode step streams: a token gathers its row."""
+    from exporter.model.kv_cache import weights_bytes
+    from exporter.model.perf import step_time_s
+    with_ple = arch_from_config(gemma3n(hidden_size_per_layer_input=32), name="g", where="g")
+    big = arch_from_config(gemma3n(hidden_size_per_layer_input=32, vocab_size_per_layer_input=200_000),
+                           name="g", where="g")
+    small, large = Setup.build(with_ple, "H100-SXM-80GB"), Setup.build(big, "H100-SXM-80GB")
+    grown = (big.ple_embedding_params - with_ple.ple_embedding_params) * 2
+    assert weights_bytes(large) - weights_bytes(small) == pytest.approx(grown, rel=1e-9)
+    assert step_time_s(large, decode_seqs=8, decode_context_tokens=8 * 1024, prefill_tokens=0) == pytest.approx(
+        step_time_s(small, decode_seqs=8, decode_context_tokens=8 * 1024, prefill_tokens=0), rel=1e-6)
+    # at TP2 each rank holds half of the table's rows
+    tp2 = [weights_bytes(Setup.build(a, "H100-SXM-80GB", tp=2)) for a in (with_ple, big)]
+    assert tp2[1] - tp2[0] == pytest.approx(grown / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("widths, words", [([1024] * 4, "lists 4 widths; expected 5"),
+                                           ([1024, 1024, 0, 1024, 1024], "positive integers")])
+def test_gemma3n_mlp_width_lists_must_give_each_layer_one(widths, words):
+    with pytest.raises(CatalogError, match=words):
+        arch_from_config(gemma3n(intermediate_size=widths), name="g", where="g/config.json")
+
+
+def test_matformer_widths_and_gemma4_double_wide_mlps_are_read_per_layer():
+    arch = arch_from_config(gemma3n(intermediate_size=[512, 1024, 1024, 2048, 2048]), name="g", where="g")
+    assert [arch.mlp_width(i) for i in range(5)] == [512, 1024, 1024, 2048, 2048] and arch.intermediate_size == 2048
+    g4 = {"model_type": "gemma4_text", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 64, "global_head_dim": 128, "intermediate_size": 1024,
+          "vocab_size": 1000, "max_position_embeddings": 4096, "num_kv_shared_layers": 2, "sliding_window": 512,
+          "use_double_wide_mlp": True, "hidden_size_per_layer_input": 16,
+          "layer_types": ["sliding_attention", "full_attention"] * 2}
+    arch = arch_from_config(g4, name="g4", where="g4")
+    assert [arch.mlp_width(i) for i in range(4)] == [1024, 1024, 2048, 2048]
+    assert arch.ple_embedding_params == 1000 * 4 * 16 and arch.altup_inputs == arch.laurel_rank == 0
