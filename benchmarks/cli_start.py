@@ -29,7 +29,8 @@ FLOOR = [sys.executable, "-c", "import numpy, pydantic, structlog, yaml"]
 def commands() -> dict[str, list[str]]:
     exe = [sys.executable, "-m", "exporter"]
     out = {
-        "calc (catalog model)": exe + ["calc", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100", "--json"],
+        "calc (catalog model)": exe + ["calc", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+                                       "--json"],
         "calc --tp 4 (MoE, workload)": exe + ["calc", "--model", "openai/gpt-oss-120b", "--gpu", "H100", "--tp", "4",
                                               "--prompt-tokens", "1024", "--output-tokens", "1024",
                                               "--concurrency", "32", "--json"],

@@ -160,7 +160,7 @@ class ModelArch:
     # the MLP width of each layer where layers differ (Nemotron-NAS / DeciLM `block_configs`:
     # one ffn_mult per layer); () when every dense MLP is intermediate_size wide
     mlp_widths: tuple[int, ...] = ()
-    # Per-Layer Embeddings (Gemma 3n; Gemma 4's E models), `hidden_size_per_layer_input` wide: a
+    # Per-Layer Embeddings (Gemma 3n; Gemma 4 when it is non-zero), `hidden_size_per_layer_input` wide: a
     # second table of `vocab_size_per_layer_input` x (num_layers x width) that each token gathers
     # from (held, never read whole in a step), a projection of the embedded token to the
     # layers' inputs, and in every layer a gate to the width and a projection back, both
@@ -931,8 +931,8 @@ UNGATED_MLP_TYPES = ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "gpt_neo
 # Gemma 3n's text and multimodal model types (configuration_gemma3n.py)
 GEMMA3N_TYPES = ("gemma3n", "gemma3n_text")
 
-TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", *GEMMA3N_TYPES, "opt", "gpt2", "bloom", "gpt_bigcode", "cohere", "cohere2",
-                   "starcoder2", *FALCON_TYPES)
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", *GEMMA3N_TYPES, "opt", "gpt2", "bloom", "gpt_bigcode",
+                   "cohere", "cohere2", "starcoder2", *FALCON_TYPES)
 
 # model_type values whose config fields the generic decoder path is known to read right
 KNOWN_MODEL_TYPES = frozenset({
