@@ -320,12 +320,13 @@ class ModelArch:
         q LoRA) are built with `disable_tp=True` / `ReplicatedLinear` in vLLM's deepseek_v2.py, so
         each rank reads all of them every step (Kimi-K2.5: 0.92 B parameters, 1.85 GB at 16 bits
         on every GPU of a TP8 group, not 0.23); so are a latent MoE's down and up projections
-        (`fc1_latent_proj` / `fc2_latent_proj`, ReplicatedLinear in nemotron_h.py)."""
-        latent = len(self.moe_layers) * self.latent_proj_params() + self.num_layers * self.ple_layer_params()
+        (`fc1_latent_proj` / `fc2_latent_proj`, ReplicatedLinear in nemotron_h.py), and the
+        per-layer-input gate and projection of Per-Layer Embeddings (gemma3n.py, gemma4.py)."""
+        whole = len(self.moe_layers) * self.latent_proj_params() + self.num_layers * self.ple_layer_params()
         if self.attention != "mla":
-            return latent
+            return whole
         per_layer = self.hidden_size * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
-        return (per_layer + self.indexer_params()) * self.attention_layers + latent
+        return (per_layer + self.indexer_params()) * self.attention_layers + whole
 
     def ple_layer_params(self) -> int:
         """One layer's per-layer-input gate and projection (0 without Per-Layer Embeddings)."""
