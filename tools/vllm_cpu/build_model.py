@@ -10,7 +10,7 @@ Usage: python build_model.py OUT_DIR [--layers 2 --hidden 128 --heads 4 --kv-hea
        python build_model.py OUT_DIR --arch gemma4 --layers 6 --heads 4 --kv-heads 4 --head-dim 32 \
            --global-head-dim 64 --global-kv-heads 1 --sliding-window 128 [--kv-shared-layers 0]
 
-`--arch` builds another architecture instead of Llama (`ARCHS`: Gemma 2, 3 and 4, Mistral,
+`--arch` builds another architecture instead of Llama (`ARCHS`: Gemma 2, 3, 3n and 4, Mistral,
 DeepSeek-V3, gpt-oss, Llama 4, Jamba, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1), each a small
 instance of what makes its KV accounting special; the Gemma 4 one gives its full layers an
 attention shape of their own (`--global-head-dim`, `--global-kv-heads`), which makes vLLM unify KV
@@ -119,6 +119,15 @@ ARCHS = {
         num_global_key_value_heads=a.global_kv_heads, attention_k_eq_v=True,
         sliding_window=a.sliding_window, num_kv_shared_layers=a.kv_shared_layers,
         hidden_size_per_layer_input=0, vocab_size_per_layer_input=a.vocab, tie_word_embeddings=True)),
+    # Gemma 3n: Per-Layer Embeddings (a vocab x layers x --ple-width table gathered per token),
+    # AltUp's four streams, LAuReL, a MatFormer width per layer (--mlp-widths), one full layer in
+    # five and the last --kv-shared-layers layers reading earlier layers' cache
+    "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM", lambda a: dict(
+        intermediate_size=a.mlp_widths or a.hidden * 4, head_dim=a.head_dim,
+        sliding_window=a.sliding_window, num_kv_shared_layers=a.kv_shared_layers,
+        hidden_size_per_layer_input=a.ple_width, vocab_size_per_layer_input=a.vocab,
+        altup_num_inputs=4, laurel_rank=a.laurel_rank,
+        activation_sparsity_pattern=[0.0] * a.layers, tie_word_embeddings=True)),
     # five sliding-window layers to one full-attention layer, one attention shape
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", lambda a: dict(
         intermediate_size=a.hidden * 4, head_dim=a.head_dim, sliding_window=a.sliding_window,
@@ -221,6 +230,10 @@ def main() -> int:
     p.add_argument("--kv-shared-layers", type=int, default=0)
     p.add_argument("--kv-lora-rank", type=int, default=128, help="deepseek_v3: the latent's width")
     p.add_argument("--attention-chunk-size", type=int, default=256, help="llama4")
+    p.add_argument("--ple-width", type=int, default=16, help="gemma3n: hidden_size_per_layer_input")
+    p.add_argument("--laurel-rank", type=int, default=8, help="gemma3n")
+    p.add_argument("--mlp-widths", type=int, nargs="*", default=None,
+                   help="gemma3n: intermediate_size per layer (MatFormer); one width for all if absent")
     a = p.parse_args()
     a.out_dir.mkdir(parents=True, exist_ok=True)
     build_tokenizer(a.out_dir, a.vocab, a.seed)

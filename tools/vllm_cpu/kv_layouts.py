@@ -70,6 +70,10 @@ VARIANTS = {
     # Mamba2 beside attention: in layers of their own (Granite 4), side by side in every layer (Falcon-H1)
     "granite-4": ["--arch", "granitemoehybrid", "--layers", "4", "--heads", "4", "--kv-heads", "2"],
     "falcon-h1": ["--arch", "falcon_h1", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    # Gemma 3n: the last 5 of 10 layers share the cache of the last sliding and full layer before
+    # them; Per-Layer Embeddings, AltUp, LAuReL and MatFormer widths change only the parameters
+    "gemma3n": ["--arch", "gemma3n", "--layers", "10", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+                "--kv-shared-layers", "5", "--mlp-widths", *["512"] * 5, *["256"] * 5],
 }
 EXTRA_SERVE = {"nemotron-h-no-prefix-caching": ["--no-enable-prefix-caching"],
                "qwen3.5-ssm-bfloat16": ["--mamba-ssm-cache-dtype", "bfloat16"]}
