@@ -686,7 +686,13 @@ def _nas_blocks(cfg: Mapping[str, Any], n: int, hidden: int, heads: int, where: 
 def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) -> tuple[str, ...]:
     kinds = {"full_attention": FULL, "attention": FULL, "sliding_attention": SLIDING,
              "chunked_attention": CHUNKED, "linear_attention": LINEAR, "mamba": MAMBA,
-             "mamba2": MAMBA}
+             "mamba2": MAMBA, "conv": MAMBA}   # conv: LFM2's short convolutions, a state like Mamba's
+    if model_type in LFM2_TYPES and not isinstance(cfg.get("layer_types"), list) \
+            and isinstance(cfg.get("full_attn_idxs"), list):
+        # LFM2's first configs list the attention layers; the config class makes the others
+        # short convolutions (configuration_lfm2.py)
+        attn = set(cfg["full_attn_idxs"])
+        return tuple(FULL if i in attn else MAMBA for i in range(n))
     if isinstance(cfg.get("layer_types"), list):
         raw = cfg["layer_types"]
         if len(raw) != n:
@@ -751,9 +757,18 @@ GDN_TYPES = QWEN35_TYPES | {"qwen3_next"}
 # them (the only MLP when num_local_experts is 0); granitemoeshared.py, granitemoehybrid.py
 GRANITE_MOE_TYPES = ("granitemoe", "granitemoeshared", "granitemoehybrid")
 
+# MoE configs whose experts are intermediate_size wide (no moe_intermediate_size): Mixtral and the
+# models built like it in vLLM (olmoe.py, phimoe.py, cohere2_moe.py; FlexOlmo through the
+# Transformers backend's OLMoE blocks), gpt-oss, Llama 4, MiniMax, Jamba, Granite MoE
+EXPERTS_AT_INTERMEDIATE_TYPES = ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax", "minimax_m2", "jamba",
+                                 "olmoe", "phimoe", "flex_olmo", "cohere2_moe", *GRANITE_MOE_TYPES)
+
 
 # models whose mixers are Mamba1 (vLLM's mamba1_state_shape: jamba.py, mamba.py); the others Mamba2
 MAMBA1_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
+# LFM2: gated short convolutions beside attention layers (vLLM's lfm2.py, lfm2_moe.py, ShortConv):
+# a conv window and no temporal state
+LFM2_TYPES = frozenset({"lfm2", "lfm2_moe"})
 
 
 def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int, model_type: str,
@@ -766,6 +781,17 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
     temporal state, which later releases keep in the config's `mamba_ssm_cache_dtype`
     (NemotronHForCausalLMConfig in model_executor/models/config.py): `temporal_bytes` here is the
     config's (float32 when it names none), `Setup.state_bytes` the one a given release uses."""
+    if MAMBA in types and model_type in LFM2_TYPES:
+        # ShortConv (model_executor/layers/mamba/short_conv.py): in_proj to B, C and x, a depthwise
+        # conv of conv_L_cache over x, out_proj; its state is the conv window alone
+        # (short_conv_state_shape: conv_dim x (conv_L_cache - 1)). lfm2.py widens it to the config's
+        # conv_dim, lfm2_moe.py to hidden_size, as transformers' Lfm2 classes both do
+        width = int(cfg.get("conv_dim") or hidden) if model_type == "lfm2" else hidden
+        kernel = int(cfg.get("conv_L_cache") or 3)
+        bias = bool(cfg.get("conv_bias"))
+        return RecurrentState(conv_channels=width, conv_width=kernel - 1, temporal=0, conv_bytes=dtype_bytes,
+                              temporal_bytes=dtype_bytes, proj_params=4 * hidden * width,
+                              other_params=width * kernel + (4 * width + hidden if bias else 0))
     if MAMBA in types:
         d_state = int(_opt(cfg, "mamba_d_state", "ssm_state_size", "state_size", default=128))
         d_conv = int(_opt(cfg, "mamba_d_conv", "conv_kernel", default=4))
@@ -923,17 +949,18 @@ MULTI_QUERY_TYPES = (*FALCON_TYPES, "gpt_bigcode")
 # null, BLOOM, Falcon's ffn_hidden_size None, GPTBigCode n_inner null)
 FOUR_H_MLP_TYPES = ("gpt2", "gptj", "bloom", "gpt_bigcode", *FALCON_TYPES)
 # one up and one down projection, no gate (and any model whose MLP is squared ReLU)
-UNGATED_MLP_TYPES = ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "gpt_neox", "gptj", "bloom",
+UNGATED_MLP_TYPES = ("phi", "gpt2", "gpt_bigcode", "starcoder2", "opt", "gpt_neox", "gptj", "bloom", "apertus",
                      "nemotron", "nemotron_h", *FALCON_TYPES)
-# model types whose transformers config ties the lm_head to the embeddings when config.json
-# does not say (PretrainedConfig's default, kept by these classes; vLLM's models tie them too):
-# Gemma, OPT, GPT-2, BLOOM, GPTBigCode, StarCoder2 (3B and 7B publish 3.03B and 7.17B: tied;
-# 15B says false), Falcon (FalconForCausalLM ties unless the config says not)
 # Gemma 3n's text and multimodal model types (configuration_gemma3n.py)
 GEMMA3N_TYPES = ("gemma3n", "gemma3n_text")
 
+# model types whose transformers config ties the lm_head to the embeddings when config.json
+# does not say (PretrainedConfig's default, kept by these classes; vLLM's models tie them too):
+# Gemma, OPT, GPT-2, BLOOM, GPTBigCode, StarCoder2 (3B and 7B publish 3.03B and 7.17B: tied;
+# 15B says false), Falcon (FalconForCausalLM ties unless the config says not), LFM2 (Lfm2Config
+# and Lfm2MoeConfig default to tied)
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", *GEMMA3N_TYPES, "opt", "gpt2", "bloom", "gpt_bigcode",
-                   "cohere", "cohere2", "starcoder2", *FALCON_TYPES)
+                   "cohere", "cohere2", "starcoder2", "lfm2", "lfm2_moe", *FALCON_TYPES)
 
 # model_type values whose config fields the generic decoder path is known to read right
 KNOWN_MODEL_TYPES = frozenset({
@@ -949,7 +976,17 @@ KNOWN_MODEL_TYPES = frozenset({
     "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "deepseek_v32",
     "RefinedWeb", "RefinedWebModel", "qwen3_vl_text", "qwen3_vl_moe_text", "glm_moe_dsa", "mimo",
     "nemotron-nas", *GEMMA3N_TYPES,
+    # read through the generic path and checked on real vLLM 0.32 startups (kv-layouts.json)
+    "lfm2", "lfm2_moe", "cohere2_moe", "exaone4", "olmo3", "flex_olmo", "smollm3", "seed_oss", "ministral3",
+    "apertus", "arcee", "jais2", "dots1", "glm4_moe_lite",
 })
+
+
+# model types the generic path would read wrong without a word, refused with the reason
+NOT_MODELLED_TYPES = {
+    "kimi_linear": "its Kimi Delta Attention layers keep a recurrent state beside the MLA layers' "
+                   "latent cache (kimi_linear.py), which this reader does not shape",
+}
 
 
 def _listed_mlp_widths(cfg: Mapping[str, Any], n: int, where: str) -> tuple[int, ...]:
@@ -1101,6 +1138,9 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     notes: list[str] = []
     if cfg is not outer:
         notes.append(f"text backbone read from {next(k for k in _LM_KEYS if isinstance(outer.get(k), Mapping))}")
+    if model_type in NOT_MODELLED_TYPES:
+        raise CatalogError(f"{where}: model_type {model_type!r} is not modelled: "
+                           f"{NOT_MODELLED_TYPES[model_type]}")
     if model_type not in KNOWN_MODEL_TYPES:
         notes.append(f"model_type {model_type!r} is not one we know; read through the generic "
                      "decoder path (standard config.json fields)")
@@ -1177,10 +1217,15 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         n_experts = 0            # one "expert" is Jamba's dense MLP (jamba.py: JambaMoE only when > 1)
     k = int(_opt(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk", "top_k_experts", default=0) or 0)
     if n_experts:
-        if model_type in ("mixtral", "gpt_oss", "llama4_text", "llama4", "minimax", "minimax_m2", "jamba",
-                          *GRANITE_MOE_TYPES):
+        named = _opt(cfg, "moe_intermediate_size", "expert_intermediate_size")
+        if model_type in EXPERTS_AT_INTERMEDIATE_TYPES or (named is None and cfg.get("intermediate_size")):
             moe_inter = int(_need(cfg, ("intermediate_size",), where))
-            inter = int(_opt(cfg, "intermediate_size_mlp", default=moe_inter))
+            # a dense MLP where there is one: Llama 4's intermediate_size_mlp, Cohere2-MoE's
+            # leading dense layers' prefix_dense_intermediate_size (cohere2_moe.py)
+            inter = int(_opt(cfg, "intermediate_size_mlp", "prefix_dense_intermediate_size", default=moe_inter))
+            if model_type not in EXPERTS_AT_INTERMEDIATE_TYPES:
+                notes.append(f"no moe_intermediate_size: experts read as intermediate_size ({moe_inter}) "
+                             "wide, as Mixtral-style configs give them")
         else:
             moe_inter = int(_need(cfg, ("moe_intermediate_size", "expert_intermediate_size"), where))
             inter = int(_opt(cfg, "intermediate_size", default=moe_inter))
@@ -1188,7 +1233,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             raise CatalogError(f"{where}: missing field 'num_experts_per_tok' in config.json")
     else:
         moe_inter = 0
-        keys = ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim")
+        keys = ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim", "block_ff_dim")
         # GPT-2, GPT-J, BLOOM, Falcon and StarCoder leave the MLP width out (or null): 4 x hidden,
         # as their transformers configs and vLLM's models build it
         inter = int(_opt(cfg, *keys, default=4 * hidden) if model_type in FOUR_H_MLP_TYPES
@@ -1197,14 +1242,28 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
             inter //= 2
         if model_type in GRANITE_MOE_TYPES and cfg.get("shared_intermediate_size"):
             inter = int(cfg["shared_intermediate_size"])   # no experts: the shared MLP is the MLP
+        if model_type == "lfm2" and cfg.get("block_auto_adjust_ff_dim", True):
+            # lfm2.py's Lfm2MLP: two thirds of the width, times block_ffn_dim_multiplier, rounded
+            # up to block_multiple_of (LFM2-1.2B: 12288 -> 8192)
+            inter = int(2 * inter / 3)
+            if cfg.get("block_ffn_dim_multiplier") is not None:
+                inter = int(float(cfg["block_ffn_dim_multiplier"]) * inter)
+            multiple = int(cfg.get("block_multiple_of") or 256)
+            inter = multiple * -(-inter // multiple)
     # which layers are MoE
     moe_layers: tuple[int, ...] = ()
     if n_experts:
-        first_dense = int(_opt(cfg, "first_k_dense_replace", default=0) or 0)
+        first_dense = int(_opt(cfg, "first_k_dense_replace", "num_dense_layers", default=0) or 0)
         raw_freq = _opt(cfg, "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", default=1)
         freq = 1 if isinstance(raw_freq, list) else int(raw_freq or 1)
         mlp_only = set(_opt(cfg, "mlp_only_layers", default=[]) or [])
-        if isinstance(raw_freq, list):
+        kinds = cfg.get("mlp_layer_types")
+        if isinstance(kinds, list):
+            # one kind per layer, "dense" or "sparse" (Cohere2-MoE)
+            if len(kinds) != n:
+                raise CatalogError(f"{where}: mlp_layer_types has {len(kinds)} entries, expected {n}")
+            moe_layers = tuple(i for i, t in enumerate(kinds) if str(t) == "sparse")
+        elif isinstance(raw_freq, list):
             # one flag per layer (MiMo-V2, MiniMax-M3: `moe_layer_freq[i]` truthy = MoE, mimo_v2.py)
             if len(raw_freq) != n:
                 raise CatalogError(f"{where}: moe_layer_freq has {len(raw_freq)} entries, expected {n}")
@@ -1219,7 +1278,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         else:
             moe_layers = tuple(i for i in range(n) if i >= first_dense and i % freq == 0
                                and i not in mlp_only)
-    shared = int(_opt(cfg, "n_shared_experts", default=0) or 0)
+    shared = int(_opt(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0)
     shared_inter = int(_opt(cfg, "shared_expert_intermediate_size", default=0) or 0)
     if model_type in ("llama4_text", "llama4") and n_experts:
         shared_inter = moe_inter  # Llama 4 adds one always-on shared expert per MoE layer
@@ -1267,7 +1326,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                      f"{shared or (1 if shared_inter else 0)} shared, "
                      f"{len(moe_layers)} of {n} layers sparse")
     if len(set(types)) > 1:
-        notes.append("hybrid layers: " + ", ".join(f"{c} {t}" for t, c in Counter(types).items()))
+        label = {MAMBA: "short-conv"} if model_type in LFM2_TYPES else {}
+        notes.append("hybrid layers: " + ", ".join(f"{c} {label.get(t, t)}" for t, c in Counter(types).items()))
     if parallel:
         notes.append(f"hybrid layers: attention and a Mamba2 mixer side by side in each of the {n} layers")
     shapes, shape_notes = ((), []) if mla else _kind_shapes(cfg, model_type, types, kv_heads, head_dim, where)
@@ -1307,7 +1367,9 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         name=name, model_type=model_type, num_layers=n, hidden_size=hidden, num_heads=heads,
         num_kv_heads=1 if mla else kv_heads, head_dim=head_dim, intermediate_size=inter,
         vocab_size=vocab, max_position_embeddings=max_pos,
-        tie_word_embeddings=bool(_opt(cfg, "tie_word_embeddings", default=model_type in TIED_BY_DEFAULT)),
+        # LFM2's first configs spell it tie_embedding (configuration_lfm2.py reads both)
+        tie_word_embeddings=bool(_opt(cfg, "tie_word_embeddings", "tie_embedding",
+                                      default=model_type in TIED_BY_DEFAULT)),
         gated_mlp=gated,
         attention="mla" if mla else ("mha" if kv_heads == heads else "gqa"),
         kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
@@ -1318,7 +1380,10 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         indexer_head_dim=int(cfg.get("index_head_dim") or 128) if indexer else 0,
         indexer_heads=int(cfg.get("index_n_heads") or 64) if indexer else 0,
         layer_types=types, kind_shapes=shapes, kv_shared_layers=kv_shared,
-        sliding_window=int(cfg.get("sliding_window") or 0) if SLIDING in types else 0,
+        # Cohere2-MoE's sliding layers see one token more than the config says (cohere2_moe.py:
+        # per_layer_sliding_window = sliding_window + 1)
+        sliding_window=(int(cfg.get("sliding_window") or 0) + (model_type == "cohere2_moe")
+                        if SLIDING in types else 0),
         attention_chunk_size=int(cfg.get("attention_chunk_size") or 0) if CHUNKED in types else 0,
         mixer_only_layers=mixer_only, moe_latent_size=latent,
         mlp_widths=_distinct(nas.widths if nas else widths),

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from exporter.errors import InputError
-from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA, MAMBA1_TYPES,
+from exporter.model.architectures import (CHUNKED, FFN, FULL, LFM2_TYPES, LINEAR, MAMBA, MAMBA1_TYPES,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
                                    FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, SMALL_SAMPLER,
@@ -546,10 +546,11 @@ def state_blocks(setup: Setup, kind: str) -> int:
     """Blocks one request holds in a Mamba / linear-attention group (MambaSpec
     max_memory_usage_bytes): its state; with prefix caching (Mamba cache mode 'align') the running
     state and the last block-boundary one, plus a prefill checkpoint for Mamba2 mixers. Checked on
-    real vLLM 0.32: 2 per gated-delta-net layer (Qwen3-Next), 3 per Mamba2 layer (Nemotron-H)."""
+    real vLLM 0.32: 2 per gated-delta-net layer (Qwen3-Next) and per short convolution (LFM2),
+    3 per Mamba2 layer (Nemotron-H)."""
     if setup.v0 or not setup.enable_prefix_caching:
         return 1
-    mamba2 = kind == MAMBA and setup.model.model_type not in MAMBA1_TYPES
+    mamba2 = kind == MAMBA and setup.model.model_type not in (*MAMBA1_TYPES, *LFM2_TYPES)
     return 3 if mamba2 and setup.vllm_version >= MAMBA2_PREFILL_CHECKPOINT else 2
 
 

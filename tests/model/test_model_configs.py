@@ -473,3 +473,82 @@ def test_matformer_widths_and_gemma4_double_wide_mlps_are_read_per_layer():
     arch = arch_from_config(g4, name="g4", where="g4")
     assert [arch.mlp_width(i) for i in range(4)] == [1024, 1024, 2048, 2048]
     assert arch.ple_embedding_params == 1000 * 4 * 16 and arch.altup_inputs == arch.laurel_rank == 0
+
+
+def lfm2(**over) -> dict:
+    """A config in the layout of LiquidAI's first LFM2 releases: attention layers listed in
+    full_attn_idxs (no layer_types), the MLP width as block_ff_dim, tie_embedding."""
+    return {"model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "num_hidden_layers": 16,
+            "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 65536,
+            "max_position_embeddings": 128000, "block_ff_dim": 12288, "block_multiple_of": 256,
+            "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": True, "conv_dim": 2048,
+            "conv_L_cache": 3, "conv_bias": False, "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+            "tie_embedding": True, "torch_dtype": "bfloat16", **over}
+
+
+def test_lfm2_short_convolutions_hold_a_conv_window_and_no_cache():
+    """lfm2.py: the layers outside full_attn_idxs run ShortConv (in_proj to 3 x conv_dim, a
+    depthwise conv of conv_L_cache, out_proj); its state is conv_dim x (conv_L_cache - 1) in the
+    model dtype (short_conv_state_shape), with prefix caching 2 blocks a request, not Mamba2's 3
+    (no prefill checkpoint in ShortConv); the MLP is 2/3 of block_ff_dim rounded up to
+    block_multiple_of (Lfm2MLP)."""
+    from exporter.model.kv_cache import kv_groups, state_blocks
+    arch = arch_from_config(lfm2(), name="lfm2", where="lfm2")
+    assert arch.attention_layers == 6 and arch.state_layers == 10 and arch.tie_word_embeddings
+    assert arch.intermediate_size == 8192                      # int(2 x 12288 / 3) = 8192, a multiple of 256
+    assert arch.state_bytes(1) == 2048 * 2 * 2 and arch.state_bytes(2) == 1024 * 2 * 2
+    assert any("10 short-conv" in note for note in arch.notes)
+    h = 2048
+    attn = h * h * 2 + h * 8 * 64 * 2                          # q, o; k, v of 8 KV heads x 64
+    conv = 4 * h * 2048                                        # in_proj (B, C, x) and out_proj
+    linear, experts, _ = arch.layer_params()
+    assert (linear, experts) == (6 * attn + 10 * conv + 16 * 3 * h * 8192, 0)
+    setup = Setup.build(arch, "H100-SXM-80GB", vllm_version="0.32.0")
+    assert bytes_per_token(setup) == 6 * 8 * 64 * 2 * 2        # KV only on the attention layers
+    assert state_blocks(setup, "mamba") == 2 and kv_groups(setup).kinds.count("mamba") > 0
+    # the same model with layer_types, intermediate_size and tie_word_embeddings, as transformers 5 saves it
+    types = ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]
+    saved = {k: v for k, v in lfm2().items() if k not in ("full_attn_idxs", "block_ff_dim", "tie_embedding")}
+    again = arch_from_config({**saved, "layer_types": types, "intermediate_size": 12288,
+                              "tie_word_embeddings": True}, name="lfm2", where="lfm2")
+    assert (again.layer_params(), again.layer_types, again.state) == (arch.layer_params(), arch.layer_types, arch.state)
+
+
+def test_moe_configs_without_moe_intermediate_size_read_experts_at_intermediate_size():
+    """OLMoE and PhiMoE configs (Mixtral's layout) give the experts' width as intermediate_size
+    and have no moe_intermediate_size (olmoe.py, phimoe.py); before, reading them stopped at the
+    missing key. An unfamiliar type in that layout is read the same way, and says so."""
+    olmoe = {**BASE, "model_type": "olmoe", "intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 8}
+    arch = arch_from_config(olmoe, name="olmoe", where="olmoe")
+    assert (arch.moe_intermediate_size, arch.num_experts, arch.experts_per_token) == (1024, 64, 8)
+    assert arch.moe_layers == (0, 1, 2, 3) and not any("no moe_intermediate_size" in n for n in arch.notes)
+    other = arch_from_config({**olmoe, "model_type": "some_moe"}, name="x", where="x")
+    assert other.moe_intermediate_size == 1024 and any("no moe_intermediate_size" in n for n in other.notes)
+    # a config that names it keeps it
+    named = arch_from_config({**olmoe, "model_type": "some_moe", "moe_intermediate_size": 256}, name="x", where="x")
+    assert named.moe_intermediate_size == 256
+
+
+def test_cohere2_moe_dense_prefix_shared_expert_and_one_token_wider_window():
+    """cohere2_moe.py: mlp_layer_types says which layers are sparse; the leading dense layers are
+    prefix_dense_intermediate_size wide; num_shared_experts shared experts of intermediate_size
+    run beside the routed ones; a sliding layer attends over sliding_window + 1 tokens."""
+    cfg = {**BASE, "model_type": "cohere2_moe", "intermediate_size": 256, "num_experts": 8, "num_experts_per_tok": 2,
+           "num_shared_experts": 1, "prefix_dense_intermediate_size": 384, "sliding_window": 128,
+           "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+           "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+    arch = arch_from_config(cfg, name="c", where="c")
+    assert arch.moe_layers == (1, 2, 3) and arch.mlp_width(0) == 384 and arch.shared_experts == 1
+    assert arch.sliding_window == 129 and arch.layer_types == ("sliding",) * 3 + ("full",)
+    with pytest.raises(CatalogError, match="mlp_layer_types has 3 entries, expected 4"):
+        arch_from_config({**cfg, "mlp_layer_types": ["dense", "sparse", "sparse"]}, name="c", where="c")
+
+
+def test_a_model_type_the_reader_would_misread_is_refused_with_the_reason():
+    """Kimi Linear's config has the standard fields, so the generic path would read its delta
+    attention layers as gated delta nets of default sizes; it is refused instead, by name."""
+    cfg = {**BASE, "model_type": "kimi_linear", "num_experts": 4, "num_experts_per_token": 2,
+           "moe_intermediate_size": 64, "kv_lora_rank": 128,
+           "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    with pytest.raises(CatalogError, match="kimi/config.json: model_type 'kimi_linear' is not modelled: .*Delta"):
+        arch_from_config(cfg, name="kimi", where="kimi/config.json")
