@@ -11,7 +11,8 @@ Usage: python build_model.py OUT_DIR [--layers 2 --hidden 128 --heads 4 --kv-hea
            --global-head-dim 64 --global-kv-heads 1 --sliding-window 128 [--kv-shared-layers 0]
 
 `--arch` builds another architecture instead of Llama (`ARCHS`: Gemma 2, 3, 3n and 4, Mistral,
-DeepSeek-V3, gpt-oss, Llama 4, Jamba, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1), each a small
+DeepSeek-V3, gpt-oss, Llama 4, Jamba, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1, LFM2 and
+LFM2-MoE, Cohere2-MoE, EXAONE 4, OLMo 3, OLMoE, and the one-shape decoders listed there), each a small
 instance of what makes its KV accounting special; the Gemma 4 one gives its full layers an
 attention shape of their own (`--global-head-dim`, `--global-kv-heads`), which makes vLLM unify KV
 pages of different sizes (tools/vllm_cpu/kv_layouts.py).
@@ -128,6 +129,57 @@ ARCHS = {
         hidden_size_per_layer_input=a.ple_width, vocab_size_per_layer_input=a.vocab,
         altup_num_inputs=4, laurel_rank=a.laurel_rank,
         activation_sparsity_pattern=[0.0] * a.layers, tie_word_embeddings=True)),
+    # LFM2: gated short convolutions (a conv-window state, no temporal state) with attention on
+    # every third layer; conv_dim and block_dim as LiquidAI's configs carry them (vLLM's lfm2.py
+    # reads both, transformers' Lfm2Config neither)
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, conv_dim=a.hidden, block_dim=a.hidden, conv_L_cache=3,
+        layer_types=["full_attention" if i % 3 == 2 else "conv" for i in range(a.layers)],
+        tie_word_embeddings=True)),
+    # LFM2-MoE: the same layers, a dense first layer, then routed experts
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        num_dense_layers=1, conv_L_cache=3,
+        layer_types=["full_attention" if i % 3 == 2 else "conv" for i in range(a.layers)],
+        tie_word_embeddings=True)),
+    # Cohere2-MoE: three sliding layers to one full, a dense first layer (its own width), routed
+    # experts intermediate_size wide and a shared one
+    "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, head_dim=a.head_dim, sliding_window=a.sliding_window,
+        mlp_layer_types=["dense"] + ["sparse"] * (a.layers - 1), prefix_dense_intermediate_size=a.hidden * 3,
+        num_experts=8, num_experts_per_tok=2, num_shared_experts=1, tie_word_embeddings=True)),
+    # EXAONE 4: three sliding-window layers to one full (sliding_window_pattern)
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, head_dim=a.head_dim, sliding_window=a.sliding_window,
+        sliding_window_pattern=4, tie_word_embeddings=False)),
+    # OLMo 3: three sliding-window layers to one full (layer_types)
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, sliding_window=a.sliding_window, tie_word_embeddings=False)),
+    # OLMoE: experts intermediate_size wide, no moe_intermediate_size in its config
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", lambda a: dict(
+        intermediate_size=64, num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
+    # decoders of one attention shape whose config.json only vLLM 0.32 and transformers 5 read
+    # (the reader's generic path; each checked for its parameters and KV pages): SmolLM3 (NoPE
+    # layers), Seed-OSS, Ministral 3, Apertus (xIELU, no gate), Arcee AFM (ReLU^2, no gate), Jais 2
+    # (biases, ReLU^2), dots.llm1 (DeepSeek-style experts), FlexOlmo (OLMoE-style experts),
+    # GLM-4.7-Flash's layout (Glm4MoeLite: multi-head latent attention and experts)
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", lambda a: dict(intermediate_size=a.hidden * 2)),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, head_dim=a.head_dim)),
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, head_dim=a.head_dim)),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", lambda a: dict(intermediate_size=a.hidden * 2)),
+    "arcee": ("ArceeConfig", "ArceeForCausalLM", lambda a: dict(intermediate_size=a.hidden * 2)),
+    "jais2": ("Jais2Config", "Jais2ForCausalLM", lambda a: dict(intermediate_size=a.hidden * 2)),
+    "dots1": ("Dots1Config", "Dots1ForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, moe_intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, head_dim=a.head_dim)),
+    "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, num_experts=4, num_experts_per_tok=2)),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, moe_intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=a.kv_lora_rank, q_lora_rank=None,
+        qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32, n_group=1, topk_group=1)),
     # five sliding-window layers to one full-attention layer, one attention shape
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", lambda a: dict(
         intermediate_size=a.hidden * 4, head_dim=a.head_dim, sliding_window=a.sliding_window,

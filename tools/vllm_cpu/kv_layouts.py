@@ -74,6 +74,25 @@ VARIANTS = {
     # them; Per-Layer Embeddings, AltUp, LAuReL and MatFormer widths change only the parameters
     "gemma3n": ["--arch", "gemma3n", "--layers", "10", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
                 "--kv-shared-layers", "5", "--mlp-widths", *["512"] * 5, *["256"] * 5],
+    # LFM2: short convolutions whose conv-window state vLLM pads to the attention page, attention
+    # on every third layer; the same with experts after a dense first layer
+    "lfm2": ["--arch", "lfm2", "--layers", "6", "--heads", "4", "--kv-heads", "2"],
+    "lfm2-moe": ["--arch", "lfm2_moe", "--layers", "6", "--heads", "4", "--kv-heads", "2"],
+    # sliding and full layers 3:1 from three config spellings: Cohere2-MoE's layer_types (its
+    # sliding layers one token wider than the config says: a window of 129 makes a request's
+    # sliding blocks cross a block boundary at 2,048 batched tokens), EXAONE 4's
+    # sliding_window_pattern, OLMo 3's layer_types
+    "cohere2-moe": ["--arch", "cohere2_moe", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+                    "--sliding-window", "129"],
+    "exaone4": ["--arch", "exaone4", "--layers", "8", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    "olmo3": ["--arch", "olmo3", "--layers", "8", "--heads", "4", "--kv-heads", "2"],
+    # OLMoE: its experts' width is intermediate_size (the config has no moe_intermediate_size)
+    "olmoe": ["--arch", "olmoe", "--layers", "4", "--heads", "4", "--kv-heads", "2"],
+    # one attention shape, config.json read through the generic path (build_model.py ARCHS)
+    **{name.replace("_", "-"): ["--arch", name, "--layers", "4", "--heads", "4", "--kv-heads", "2"]
+       for name in ("smollm3", "seed_oss", "ministral3", "apertus", "arcee", "jais2", "dots1", "flex_olmo")},
+    # multi-head latent attention with experts (GLM-4.7-Flash's layout)
+    "glm4-moe-lite": ["--arch", "glm4_moe_lite", "--layers", "4", "--heads", "4", "--kv-heads", "4"],
 }
 EXTRA_SERVE = {"nemotron-h-no-prefix-caching": ["--no-enable-prefix-caching"],
                "qwen3.5-ssm-bfloat16": ["--mamba-ssm-cache-dtype", "bfloat16"]}
