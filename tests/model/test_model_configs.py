@@ -316,8 +316,9 @@ KV_LAYOUTS = json.loads((VLLM_CPU / "kv-layouts.json").read_text())["runs"]
 @pytest.mark.parametrize("name", sorted(KV_LAYOUTS))
 def test_parameters_read_from_config_are_the_ones_the_checkpoint_stores(name):
     """The tiny models booted by real vLLM (tools/vllm_cpu/kv_layouts.py: Gemma 2/3/3n/4, Mistral,
-    gpt-oss, Llama 4, DeepSeek-V3, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1, Jamba) were saved
-    by transformers; the parameters read from their config.json alone must be what the checkpoint
+    gpt-oss, Llama 4, DeepSeek-V3, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1, Jamba, LFM2, the
+    Mixtral-layout MoEs and the families read through the generic path) were saved by
+    transformers; the parameters read from their config.json alone must be what the checkpoint
     stores, within the biases and norms the reader leaves out."""
     run = KV_LAYOUTS[name]
     arch = arch_from_config(run["config"], name=name, where=name)

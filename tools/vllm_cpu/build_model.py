@@ -12,8 +12,9 @@ Usage: python build_model.py OUT_DIR [--layers 2 --hidden 128 --heads 4 --kv-hea
 
 `--arch` builds another architecture instead of Llama (`ARCHS`: Gemma 2, 3, 3n and 4, Mistral,
 DeepSeek-V3, gpt-oss, Llama 4, Jamba, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1, LFM2 and
-LFM2-MoE, Cohere2-MoE, EXAONE 4, OLMo 3, OLMoE, and the one-shape decoders listed there), each a small
-instance of what makes its KV accounting special; the Gemma 4 one gives its full layers an
+LFM2-MoE, Cohere2-MoE, EXAONE 4, OLMo 3, OLMoE, GLM-4.7-Flash's layout), each a small instance of
+what makes its KV accounting or its parameter count special, and eight decoders of one attention
+shape whose configs the reader takes through its generic path; the Gemma 4 one gives its full layers an
 attention shape of their own (`--global-head-dim`, `--global-kv-heads`), which makes vLLM unify KV
 pages of different sizes (tools/vllm_cpu/kv_layouts.py).
 """
@@ -158,11 +159,10 @@ ARCHS = {
     # OLMoE: experts intermediate_size wide, no moe_intermediate_size in its config
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", lambda a: dict(
         intermediate_size=64, num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
-    # decoders of one attention shape whose config.json only vLLM 0.32 and transformers 5 read
-    # (the reader's generic path; each checked for its parameters and KV pages): SmolLM3 (NoPE
-    # layers), Seed-OSS, Ministral 3, Apertus (xIELU, no gate), Arcee AFM (ReLU^2, no gate), Jais 2
-    # (biases, ReLU^2), dots.llm1 (DeepSeek-style experts), FlexOlmo (OLMoE-style experts),
-    # GLM-4.7-Flash's layout (Glm4MoeLite: multi-head latent attention and experts)
+    # decoders of one attention shape that the reader takes through its generic path, each
+    # checked for its parameters and KV pages: SmolLM3 (NoPE layers), Seed-OSS, Ministral 3,
+    # Apertus (xIELU, no gate), Arcee AFM (ReLU^2, no gate), Jais 2 (biases, ReLU^2), dots.llm1
+    # (DeepSeek-style experts), FlexOlmo (OLMoE-style experts)
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", lambda a: dict(intermediate_size=a.hidden * 2)),
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", lambda a: dict(
         intermediate_size=a.hidden * 2, head_dim=a.head_dim)),
@@ -176,6 +176,7 @@ ARCHS = {
         n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, head_dim=a.head_dim)),
     "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM", lambda a: dict(
         intermediate_size=a.hidden * 2, num_experts=4, num_experts_per_tok=2)),
+    # GLM-4.7-Flash's layout (Glm4MoeLite): multi-head latent attention, a dense first layer, experts
     "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", lambda a: dict(
         intermediate_size=a.hidden * 2, moe_intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2,
         n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=a.kv_lora_rank, q_lora_rank=None,

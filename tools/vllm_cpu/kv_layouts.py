@@ -5,8 +5,9 @@ uniform attention shape, and record what its KV-cache accounting printed, as a f
 Why: Gemma 4 gives its full-attention layers an attention shape of their own (global_head_dim,
 num_global_key_value_heads) beside the sliding-window layers, and can leave its last layers
 without a cache (num_kv_shared_layers); hybrids (Qwen3-Next's gated delta nets, Nemotron-H's,
-Granite 4's and Falcon-H1's Mamba2, Jamba's Mamba1) hold recurrent state pages beside the
-attention pages, and with prefix caching on keep more than one of them per request; sliding
+Granite 4's and Falcon-H1's Mamba2, Jamba's Mamba1, LFM2's short convolutions) hold recurrent
+state pages beside the attention pages, and with prefix caching on keep more than one of them per
+request; sliding
 windows (gpt-oss, Gemma 2 and 3, Mistral), chunked local attention (Llama 4) and multi-head latent
 attention (DeepSeek-V3) size a request's blocks their own way. vLLM unifies pages of different
 sizes, by a larger block for the smaller page when the ratio is whole and by padding otherwise
@@ -14,6 +15,7 @@ sizes, by a larger block for the smaller page when the ratio is whole and by pad
 of these models is in the reference data; this records the real engine's own numbers for each
 case, from a fixed KV pool (`--kv-cache-memory-bytes`), so only the page arithmetic is being
 tested (and the parameter count the checkpoint stores, against the one read from config.json).
+Families whose config.json the reader takes through its generic path are booted the same way.
 
 Each variant: `build_model.py DIR --arch gemma4 ...`, then `capture.py` boots `vllm serve` on
 loopback, saves the idle /metrics and stops the server. Written per variant: the build flags, the
