@@ -272,9 +272,10 @@ def _build_setup(args: argparse.Namespace) -> Setup:
                          bandwidth_gbs=args.gpu_bandwidth_gbs, tflops=args.gpu_tflops)
     arch = resolve(args).arch
     mml = args.max_model_len
-    if (mml is not None and mml > arch.max_position_embeddings
+    if (mml is not None and mml > arch.max_position_embeddings and arch.length_in_config
             and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() not in ("1", "true")):
-        # vLLM's _get_and_verify_max_len, with the same way out
+        # vLLM's _get_and_verify_max_len, with the same way out (and the same exception: a config
+        # with no length key takes the given length, Mamba's among them)
         raise InputError(f"User-specified max_model_len ({mml}) is greater than the derived max_model_len "
                          f"({arch.max_position_embeddings}) of {arch.name}: vLLM refuses to start; set "
                          f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to override, as vLLM takes it")

@@ -196,6 +196,9 @@ class ModelArch:
     # original_max_position_embeddings, which vLLM takes as the default max_model_len from 0.11.1
     # (vllm PR #27431: short vs long factors chosen once, from max_model_len); 0 for other ropes
     longrope_original_max_len: int = 0
+    # config.json names a length (max_position_embeddings or another key): without one vLLM takes a
+    # --max-model-len as given, where it refuses one above the derived length otherwise
+    length_in_config: bool = True
     extra_params: int = 0                  # vision tower etc., kept in native dtype
     native_dtype: str = "bfloat16"
     quantization: str | None = None
@@ -721,6 +724,8 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
             return tuple(CHUNKED if use_rope else FULL for use_rope in cfg["no_rope_layers"])
         every = int(cfg.get("no_rope_layer_interval") or 4)
         return tuple(FULL if (i + 1) % every == 0 else CHUNKED for i in range(n))
+    if model_type in ATTENTION_FREE_TYPES:
+        return (MAMBA,) * n
     if model_type in GDN_TYPES:
         # Qwen3-Next / Qwen3.5 without layer_types: the config class fills them in, one full
         # attention layer every full_attention_interval (default 4), gated delta nets between
@@ -751,6 +756,10 @@ def _layer_types(cfg: Mapping[str, Any], model_type: str, n: int, where: str) ->
 # gated-delta-net hybrids whose config derives layer_types from full_attention_interval
 QWEN35_TYPES = frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 GDN_TYPES = QWEN35_TYPES | {"qwen3_next"}
+# attention with a sigmoid gate on its output (q_proj twice as wide, or a gate_proj beside it) when
+# the config does not say: the gated-delta-net hybrids' full layers, and AFMoE's every layer
+# (afmoe.py: self_attn.gate_proj, hidden -> heads x head_dim)
+GATED_ATTENTION_TYPES = GDN_TYPES | {"afmoe"}
 
 
 # Granite MoE configs: experts intermediate_size wide, a shared MLP of shared_intermediate_size beside
@@ -766,6 +775,8 @@ EXPERTS_AT_INTERMEDIATE_TYPES = ("mixtral", "gpt_oss", "llama4_text", "llama4", 
 
 # models whose mixers are Mamba1 (vLLM's mamba1_state_shape: jamba.py, mamba.py); the others Mamba2
 MAMBA1_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
+# models of Mamba blocks alone, no attention and no MLP (vLLM's IsAttentionFree: mamba.py, mamba2.py)
+ATTENTION_FREE_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba"})
 # LFM2: gated short convolutions beside attention layers (vLLM's lfm2.py, lfm2_moe.py, ShortConv):
 # a conv window and no temporal state
 LFM2_TYPES = frozenset({"lfm2", "lfm2_moe"})
@@ -796,6 +807,8 @@ def _recurrent_state(cfg: Mapping[str, Any], types: tuple[str, ...], hidden: int
         d_state = int(_opt(cfg, "mamba_d_state", "ssm_state_size", "state_size", default=128))
         d_conv = int(_opt(cfg, "mamba_d_conv", "conv_kernel", default=4))
         heads, head_dim = _opt(cfg, "mamba_num_heads", "mamba_n_heads"), _opt(cfg, "mamba_head_dim", "mamba_d_head")
+        if model_type == "mamba2":   # Mamba2Config's own names (mamba2.py)
+            heads, head_dim = cfg.get("num_heads"), cfg.get("head_dim")
         expanded = int(_opt(cfg, "mamba_expand", "expand", default=2)) * hidden
         if heads and head_dim:
             d_inner = int(heads) * int(head_dim)
@@ -978,7 +991,8 @@ KNOWN_MODEL_TYPES = frozenset({
     "nemotron-nas", *GEMMA3N_TYPES,
     # read through the generic path and checked on real vLLM 0.32 startups (kv-layouts.json)
     "lfm2", "lfm2_moe", "cohere2_moe", "exaone4", "olmo3", "flex_olmo", "smollm3", "seed_oss", "ministral3",
-    "apertus", "arcee", "jais2", "dots1", "glm4_moe_lite",
+    "apertus", "arcee", "jais2", "dots1", "glm4_moe_lite", "mamba", "mamba2", "falcon_mamba", "afmoe",
+    "granite_swa", "granitemoe_swa", "exaone_moe", "nemotron",
 })
 
 
@@ -986,6 +1000,10 @@ KNOWN_MODEL_TYPES = frozenset({
 NOT_MODELLED_TYPES = {
     "kimi_linear": "its Kimi Delta Attention layers keep a recurrent state beside the MLA layers' "
                    "latent cache (kimi_linear.py), which this reader does not shape",
+    # a tiny MiniCPM3 on vLLM 0.32 CPU: 32,768 tokens where the latent reading gives 104,848
+    "minicpm3": "vLLM caches its decompressed K and V per head (minicpm3.py: Attention of "
+                "qk_nope + qk_rope wide, as many KV heads as heads), not the MLA latent its "
+                "kv_lora_rank describes",
 }
 
 
@@ -1158,7 +1176,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
                "num_hidden_layers": cfg.get("num_hidden_layers") or len(blocks)}
     n = int(_need(cfg, ("num_hidden_layers", "n_layer", "num_layers"), where))
     hidden = int(_need(cfg, ("hidden_size", "n_embd", "d_model", "n_embed"), where))
-    heads = int(_need(cfg, ("num_attention_heads", "n_head"), where))
+    # an attention-free model (Mamba, Mamba2, Falcon-Mamba) has no attention heads to read
+    heads = 1 if model_type in ATTENTION_FREE_TYPES else int(_need(cfg, ("num_attention_heads", "n_head"), where))
     nas = _nas_blocks(cfg, n, hidden, heads, where) if isinstance(cfg.get("block_configs"), list) else None
     if nas:
         # Nemotron-NAS: the config's top-level KV heads and MLP width are null; the blocks give them
@@ -1193,7 +1212,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     else:  # vLLM's _get_and_verify_max_len falls back to 2048 with a warning
         max_pos = 2048
         notes.append("no max_position_embeddings (or equivalent) in config.json; max_model_len "
-                     "defaults to 2048 as in vLLM")
+                     "defaults to 2048 as in vLLM, and a --max-model-len is taken as given")
     config_max_pos = max_pos
     ropes = _rope_parameters(cfg)
     # vLLM's _get_and_verify_max_len (0.6 to 0.32 alike): the last factor of a rope that is not
@@ -1235,8 +1254,10 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         moe_inter = 0
         keys = ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim", "block_ff_dim")
         # GPT-2, GPT-J, BLOOM, Falcon and StarCoder leave the MLP width out (or null): 4 x hidden,
-        # as their transformers configs and vLLM's models build it
-        inter = int(_opt(cfg, *keys, default=4 * hidden) if model_type in FOUR_H_MLP_TYPES
+        # as their transformers configs and vLLM's models build it; an attention-free model's
+        # blocks are its mixers alone (Mamba's intermediate_size is the mixer's width, not an MLP's)
+        inter = 0 if model_type in ATTENTION_FREE_TYPES else \
+            int(_opt(cfg, *keys, default=4 * hidden) if model_type in FOUR_H_MLP_TYPES
                     else _need(cfg, keys, where))
         if model_type == "qwen":  # Qwen v1 counts both gated branches in intermediate_size
             inter //= 2
@@ -1290,6 +1311,8 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
     indexer = mla and bool(cfg.get("index_topk"))   # DeepSeek sparse attention's lightning indexer
     types = nas.types if nas else _layer_types(cfg, model_type, n, where)
     mixer_only: tuple[int, ...] = nas.mlp_less if nas else ()
+    if model_type in ATTENTION_FREE_TYPES:
+        mixer_only = tuple(range(n))
     latent = 0
     parallel = model_type == "falcon_h1"   # attention and Mamba2 side by side in every layer
     if isinstance(cfg.get("hybrid_override_pattern"), str):
@@ -1389,10 +1412,11 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         mlp_widths=_distinct(nas.widths if nas else widths),
         ple_width=ple_width, ple_vocab=ple_vocab, altup_inputs=altup, laurel_rank=laurel,
         parallel_mixers=parallel,
-        attn_output_gate=bool(cfg.get("attn_output_gate", model_type in GDN_TYPES)),
+        attn_output_gate=bool(cfg.get("attn_output_gate", model_type in GATED_ATTENTION_TYPES)),
         state=_recurrent_state(cfg, types + ((MAMBA,) if parallel else ()), hidden, model_type,
                                DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary, rope_cache_elements=rope_cache,
         longrope_original_max_len=_longrope_original(cfg, ropes, config_max_pos),
+        length_in_config=bool(lengths) or (isinstance(model_max, (int, float)) and model_max > 0),
         num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,
         extra_params=int(extra_params), native_dtype=dtype,

@@ -183,6 +183,11 @@ def kv_groups(setup: Setup) -> _Groups:
     bs = setup.block_size
     per_token = {t: token_bytes_per_layer(setup, t) for t in counts if t not in (MAMBA, LINEAR)} \
         or {FULL: token_bytes_per_layer(setup)}
+    if not set(counts) - {MAMBA, LINEAR}:
+        # attention-free (Mamba, Mamba2): one group of every layer, its page one request's state,
+        # its block max_model_len long (mamba_block_size without prefix caching, which vLLM
+        # keeps off for these models)
+        return _Groups(setup.state_bytes(), sum(counts.values()), (types[0],), setup.max_model_len, ())
     widest = max(per_token.values())
     page = bs * widest
     if MAMBA in counts or LINEAR in counts:

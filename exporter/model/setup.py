@@ -365,7 +365,10 @@ class Setup:
                    kv_cache_memory_bytes=int(kv_cache_memory_bytes) if kv_cache_memory_bytes else None,
                    num_gpu_blocks_override=int(num_gpu_blocks_override) if num_gpu_blocks_override else None,
                    enforce_eager=bool(enforce_eager),
-                   enable_prefix_caching=(not v0 and (arch.state is None or version >= HYBRID_PREFIX_CACHING))
+                   # off for an attention-free model (Mamba, Mamba2) on every release: vLLM
+                   # 0.32's startup says enable_prefix_caching=False for them
+                   enable_prefix_caching=(not v0 and arch.attention_layers > 0
+                                          and (arch.state is None or version >= HYBRID_PREFIX_CACHING))
                    if enable_prefix_caching is None else bool(enable_prefix_caching),
                    async_scheduling=version >= ASYNC_SCHEDULING_DEFAULT
                    if async_scheduling is None else bool(async_scheduling), **mamba)

@@ -265,6 +265,22 @@ def test_a_long_max_model_len_is_taken_where_vllm_takes_it():
     assert calc(*LLAMA_H100, "--vllm-version", "0.6.0", "--max-num-batched-tokens", "8192").returncode == 0
 
 
+def test_a_config_without_a_length_key_takes_the_given_max_model_len(tmp_path):
+    """vLLM's _get_and_verify_max_len: with no length key in config.json a --max-model-len is
+    used as given (Mamba's configs have none; vLLM 0.32 serves a tiny one at 4096); without the
+    flag the length is 2048. A config that names 2048 refuses 4096."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    given = calc("--model", str(tmp_path), "--gpu", "H100", "--max-model-len", "4096", "--json")
+    assert given.returncode == 0, given.stderr
+    assert json.loads(given.stdout)["setup"]["max_model_len"] == 4096
+    assert json.loads(calc("--model", str(tmp_path), "--gpu", "H100", "--json").stdout)["setup"]["max_model_len"] == 2048
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 2048}))
+    named = calc("--model", str(tmp_path), "--gpu", "H100", "--max-model-len", "4096", "--json")
+    assert named.returncode == 2 and "greater than the derived max_model_len (2048)" in named.stderr
+
+
 def test_chunked_prefill_flag_sets_what_one_step_must_hold():
     """V0 refuses a budget below max_model_len unless --enable-chunked-prefill; V1 without
     chunked prefill raises its default budget to max_model_len (and profiles that many tokens)."""

@@ -553,3 +553,38 @@ def test_a_model_type_the_reader_would_misread_is_refused_with_the_reason():
            "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
     with pytest.raises(CatalogError, match="kimi/config.json: model_type 'kimi_linear' is not modelled: .*Delta"):
         arch_from_config(cfg, name="kimi", where="kimi/config.json")
+
+
+@pytest.mark.parametrize("model_type, fields, state", [
+    # Mamba1 (mamba.py): conv (d_conv - 1) x d_inner and temporal d_inner x d_state, bf16
+    ("mamba", {"intermediate_size": 256, "state_size": 16, "conv_kernel": 4, "expand": 2, "time_step_rank": 8},
+     (3 * 256 + 256 * 16) * 2),
+    # Mamba2 (mamba2.py): conv over x, B and C; temporal heads x head_dim x d_state
+    ("mamba2", {"num_heads": 4, "head_dim": 64, "state_size": 16, "n_groups": 1, "conv_kernel": 4, "expand": 2},
+     (3 * (256 + 2 * 16) + 4 * 64 * 16) * 2),
+])
+def test_attention_free_models_are_their_mixers_alone(model_type, fields, state):
+    """Mamba and Mamba2 configs have no attention heads, no MLP and no length key. Every layer is
+    a mixer holding one state per request: vLLM groups them all, takes max_model_len as the
+    block (prefix caching stays off for these models) and a --max-model-len as given."""
+    from exporter.model.kv_cache import kv_capacity
+    cfg = {"model_type": model_type, "num_hidden_layers": 4, "hidden_size": 128, "vocab_size": 4096,
+           "tie_word_embeddings": True, **fields}
+    arch = arch_from_config(cfg, name=model_type, where=model_type)
+    assert (arch.attention_layers, arch.state_layers, arch.state_bytes(1)) == (0, 4, state)
+    assert not arch.length_in_config and all(not arch.has_mlp(i) for i in range(4))
+    setup = Setup.build(arch, "H100-SXM-80GB", vllm_version="0.32.0", max_model_len=4096,
+                        kv_cache_memory_bytes=64 << 20, block_size=128)
+    assert not setup.enable_prefix_caching
+    cap = kv_capacity(setup)
+    assert cap.gpu_blocks == (64 << 20) // (4 * state) and cap.tokens == cap.gpu_blocks * 4096
+
+
+def test_afmoe_gates_every_attention_output():
+    """afmoe.py: self_attn.gate_proj (hidden -> heads x head_dim) beside q, k, v and o in every
+    layer, with no config key saying so."""
+    cfg = {**BASE, "model_type": "afmoe", "head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 64, "num_dense_layers": 1, "num_shared_experts": 1}
+    arch = arch_from_config(cfg, name="a", where="a")
+    assert arch.attn_output_gate and arch.moe_layers == (1, 2, 3)
+    assert arch.attention_params_per_layer(0) == 256 * 4 * 64 * 2 + 256 * 2 * 64 * 2 + 4 * 64 * 256
