@@ -12,7 +12,8 @@ Usage: python build_model.py OUT_DIR [--layers 2 --hidden 128 --heads 4 --kv-hea
 
 `--arch` builds another architecture instead of Llama (`ARCHS`: Gemma 2, 3, 3n and 4, Mistral,
 DeepSeek-V3, gpt-oss, Llama 4, Jamba, Qwen3-Next, Nemotron-H, Granite 4, Falcon-H1, LFM2 and
-LFM2-MoE, Cohere2-MoE, EXAONE 4, OLMo 3, OLMoE, GLM-4.7-Flash's layout), each a small instance of
+LFM2-MoE, Cohere2-MoE, EXAONE 4, OLMo 3, OLMoE, GLM-4.7-Flash's layout, Mamba, Falcon-Mamba,
+Mamba2, AFMoE, Granite SWA, EXAONE-MoE, Nemotron), each a small instance of
 what makes its KV accounting or its parameter count special, and eight decoders of one attention
 shape whose configs the reader takes through its generic path; the Gemma 4 one gives its full layers an
 attention shape of their own (`--global-head-dim`, `--global-kv-heads`), which makes vLLM unify KV
@@ -181,6 +182,31 @@ ARCHS = {
         intermediate_size=a.hidden * 2, moe_intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2,
         n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=a.kv_lora_rank, q_lora_rank=None,
         qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32, n_group=1, topk_group=1)),
+    # attention-free: Mamba blocks alone (Mamba1 for Mamba and Falcon-Mamba, Mamba2), no MLP
+    "mamba": ("MambaConfig", "MambaForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, state_size=16, conv_kernel=4, expand=2, tie_word_embeddings=True)),
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, state_size=16, conv_kernel=4, expand=2, tie_word_embeddings=True)),
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", lambda a: dict(
+        num_heads=4, head_dim=a.hidden * 2 // 4, state_size=16, n_groups=1, expand=2, conv_kernel=4,
+        tie_word_embeddings=False)),
+    # AFMoE (Arcee Trinity): a gate on every attention output, sliding and full layers, experts
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        num_dense_layers=1, num_shared_experts=1, sliding_window=a.sliding_window, head_dim=a.head_dim,
+        score_func="sigmoid", route_norm=True, n_group=1, topk_group=1,   # vLLM's afmoe.py reads these
+        tie_word_embeddings=False)),
+    # sliding and full layers from Granite's SWA configs (dense and MoE), EXAONE-MoE's, and
+    # Nemotron (squared ReLU, no gate)
+    "granite_swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, sliding_window=a.sliding_window)),
+    "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", lambda a: dict(
+        intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=a.sliding_window)),
+    "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        head_dim=a.head_dim, sliding_window=a.sliding_window)),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", lambda a: dict(
+        intermediate_size=a.hidden * 2, head_dim=a.head_dim)),
     # five sliding-window layers to one full-attention layer, one attention shape
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", lambda a: dict(
         intermediate_size=a.hidden * 4, head_dim=a.head_dim, sliding_window=a.sliding_window,
@@ -251,16 +277,21 @@ ARCHS = {
 }
 
 
+ATTENTION_FREE = ("mamba", "falcon_mamba", "mamba2")
+
+
 def build_arch(out: Path, a: argparse.Namespace) -> None:
     import torch
     import transformers
 
     config_class, model_class, fields = ARCHS[a.arch]
-    cfg = getattr(transformers, config_class)(**{
-        "vocab_size": a.vocab, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
-        "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
-        "max_position_embeddings": a.max_pos, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
-        **fields(a)})
+    shared = {"vocab_size": a.vocab, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
+              "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
+              "max_position_embeddings": a.max_pos, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+    if a.arch in ATTENTION_FREE:   # their configs have no attention heads and no length key
+        shared = {k: v for k, v in shared.items()
+                  if k not in ("num_attention_heads", "num_key_value_heads", "max_position_embeddings")}
+    cfg = getattr(transformers, config_class)(**{**shared, **fields(a)})
     cfg.architectures = [model_class]
     getattr(transformers, model_class)(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
 

@@ -95,6 +95,14 @@ VARIANTS = {
        for name in ("smollm3", "seed_oss", "ministral3", "apertus", "arcee", "jais2", "dots1", "flex_olmo")},
     # multi-head latent attention with experts (GLM-4.7-Flash's layout)
     "glm4-moe-lite": ["--arch", "glm4_moe_lite", "--layers", "4", "--heads", "4", "--kv-heads", "4"],
+    # attention-free: one group of every Mamba layer, a block of max_model_len, no prefix caching
+    "mamba": ["--arch", "mamba", "--layers", "4"],
+    "falcon-mamba": ["--arch", "falcon_mamba", "--layers", "4"],
+    "mamba2": ["--arch", "mamba2", "--layers", "4"],
+    # a gate on every attention output (its parameters), sliding and full layers 3:1
+    "afmoe": ["--arch", "afmoe", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"],
+    **{name.replace("_", "-"): ["--arch", name, "--layers", "4", "--heads", "4", "--kv-heads", "2", "--head-dim", "32"]
+       for name in ("granite_swa", "granitemoe_swa", "exaone_moe", "nemotron")},
 }
 EXTRA_SERVE = {"nemotron-h-no-prefix-caching": ["--no-enable-prefix-caching"],
                "qwen3.5-ssm-bfloat16": ["--mamba-ssm-cache-dtype", "bfloat16"]}
