@@ -403,8 +403,9 @@ def tp_refusal(arch: ModelArch, tp: int) -> str | None:
     (`ModelConfig.verify_with_parallel_config`: "Total number of attention heads (32) must be
     divisible by tensor parallel size (3)."), and so must the KV heads, or TP be a multiple of
     them, each rank then holding a replica (`QKVParallelLinear` asserts one or the other). MLA
-    keeps one latent KV head, replicated on every rank."""
-    if tp <= 1 or arch.num_heads <= 0:
+    keeps one latent KV head, replicated on every rank. An attention-free model (Mamba) has no
+    attention heads to divide."""
+    if tp <= 1 or arch.num_heads <= 0 or arch.attention_layers == 0:
         return None
     if arch.num_heads % tp:
         return (f"Total number of attention heads ({arch.num_heads}) must be divisible by tensor "

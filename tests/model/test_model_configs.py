@@ -578,6 +578,7 @@ def test_attention_free_models_are_their_mixers_alone(model_type, fields, state)
     assert not setup.enable_prefix_caching
     cap = kv_capacity(setup)
     assert cap.gpu_blocks == (64 << 20) // (4 * state) and cap.tokens == cap.gpu_blocks * 4096
+    assert tp_refusal(arch, 2) is None       # no attention heads for TP to divide
 
 
 def test_afmoe_gates_every_attention_output():
