@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from exporter.errors import InputError
-from exporter.model.architectures import (CHUNKED, FFN, FULL, LFM2_TYPES, LINEAR, MAMBA, MAMBA1_TYPES,
+from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
                                    FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, SMALL_SAMPLER,
@@ -555,7 +555,9 @@ def state_blocks(setup: Setup, kind: str) -> int:
     3 per Mamba2 layer (Nemotron-H)."""
     if setup.v0 or not setup.enable_prefix_caching:
         return 1
-    mamba2 = kind == MAMBA and setup.model.model_type not in (*MAMBA1_TYPES, *LFM2_TYPES)
+    # Mamba2 is the mixer whose state has B/C groups; Mamba1's and LFM2's short convolutions' have none
+    state = setup.model.state
+    mamba2 = kind == MAMBA and state is not None and state.groups > 0
     return 3 if mamba2 and setup.vllm_version >= MAMBA2_PREFILL_CHECKPOINT else 2
 
 

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-
 from exporter.errors import CatalogError, InputError
 from exporter.model import weights as weights_mod
 from exporter.model.architectures import ModelArch, arch_from_config, catalog_lookup
