@@ -15,6 +15,21 @@ LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("json", "logfmt", "console")
 
 
+class _Stderr:
+    """`sys.stderr` as it is when a line is written, not the object it was when logging was
+    configured: a host that swaps the stream later (pytest's capture does, between tests) must
+    not leave the logger writing to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+STDERR = _Stderr()
+
+
 def configure(fmt: str = "json", level: str = "info", *, stdlib: bool = True) -> None:
     """structlog's output (stderr, `fmt`, `level` and above); with `stdlib`, the standard
     `logging` root too (the daemon's libraries). A one-shot command leaves `logging` alone."""
@@ -24,12 +39,12 @@ def configure(fmt: str = "json", level: str = "info", *, stdlib: bool = True) ->
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=STDERR),
         cache_logger_on_first_use=False,
     )
     if not stdlib:
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(STDERR)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processor=renderer, foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared]))
     root = logging.getLogger()

@@ -63,3 +63,18 @@ def test_unknown_log_format_is_a_usage_error(cli_env):
     r = subprocess.run([sys.executable, "-m", "exporter", "serve", "--log-format", "xml"],
                        capture_output=True, text=True, timeout=60, env=cli_env)
     assert r.returncode == 2 and "--log-format" in r.stderr and "logfmt" in r.stderr
+
+
+def test_logs_follow_a_replaced_stderr(cli_env):
+    """A stream swapped after configure (as pytest's capture does between tests) gets the lines;
+    the one logging was configured with may be closed by then and is not written to."""
+    code = ("import io, logging, sys, structlog\nfrom exporter import logs\n"
+            "first = io.StringIO(); sys.stderr = first\nlogs.configure('logfmt', 'info')\n"
+            "second = io.StringIO(); sys.stderr = second; first.close()\n"
+            "structlog.get_logger('x').info('after swap', n=1)\n"
+            "logging.getLogger('httpx').warning('library after swap')\n"
+            "sys.stderr = sys.__stderr__\nprint(second.getvalue(), end='')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=cli_env)
+    assert r.returncode == 0, r.stderr
+    events = [dict(parse_logfmt(line))["event"] for line in r.stdout.splitlines() if line.strip()]
+    assert events == ["after swap", "library after swap"], r.stdout + r.stderr
