@@ -43,7 +43,7 @@ def groups(path: Path) -> dict[tuple, list[dict]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--csv", type=Path, default=CSV)
     ap.add_argument("--groups", type=int, default=0, help="at most this many groups, spread evenly")
     ap.add_argument("--fit-levels", type=int, default=2, choices=(2, 3), help="levels given to the fit")

@@ -172,7 +172,7 @@ def _quant(r: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", type=Path, default=SHARED)
     ap.add_argument("--worst", type=int, default=8)
     ap.add_argument("--cv", action="store_true", help="leave-one-model-family-out figures")

@@ -295,7 +295,7 @@ def class_cv(rows: list[dict], cls: str, iters: int) -> list[tuple[str, int, flo
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--csv", type=Path, default=CSV)
     ap.add_argument("--fit", action="store_true", help="refit the Hopper factors on all rows")
     ap.add_argument("--holdout", metavar="TEXT", help="fit on rows whose model/GPU lacks TEXT, report those with it")

@@ -62,7 +62,7 @@ def convert(path: str, gpus: list[str]) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("silicon_csv")
     ap.add_argument("--gpu", action="append", default=[], help="keep these GPUs (substring, repeatable)")
     a = ap.parse_args()

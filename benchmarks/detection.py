@@ -181,7 +181,7 @@ def score(runs: Iterable[Run], eval_s: float, window_s: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--scenarios", nargs="*", default=None)
     ap.add_argument("--no-hints", dest="hints", action="store_false")

@@ -85,7 +85,7 @@ def stall_per_token(prompt: int, output: int, running: int, overload: float) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--running", type=int, nargs="+", default=[20])
     ap.add_argument("--overload", type=float, nargs="+", default=[2.0])
     a = ap.parse_args()

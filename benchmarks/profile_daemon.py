@@ -53,7 +53,7 @@ def bodies(text: str, n: int) -> list[bytes]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--targets", type=int, default=500)
     ap.add_argument("--cycles", type=int, default=12, help="measured scrape cycles")
     ap.add_argument("--warm", type=int, default=8, help="scrape cycles before measuring")

@@ -254,7 +254,7 @@ def run_size(n: int, args: argparse.Namespace, exe: list[str]) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10,100,1000,3000")
     ap.add_argument("--interval", type=float, default=15.0)
     ap.add_argument("--evaluate", type=float, default=30.0)

@@ -236,7 +236,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=1200.0, help="run length in wall seconds")
     ap.add_argument("--active", type=int, default=1000, help="targets watched at any time")
     ap.add_argument("--pool", type=int, default=1050, help="simulated targets to churn through")

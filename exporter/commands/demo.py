@@ -36,7 +36,7 @@ STOP_MARGIN_S = 0.5            # --duration: the daemon stops this much early, t
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo", help="simulated fleet + drift daemon on loopback, with a live findings table",
-        description=__doc__.splitlines()[0])
+        description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", default=None,
                    help="comma-separated scenario names or files (default: all built-ins)")
     p.add_argument("--listen", default="127.0.0.1:9877",

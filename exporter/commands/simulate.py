@@ -25,7 +25,7 @@ log = logging.getLogger("vllm_drift.sim")
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="run a simulated vLLM server (or fleet) with a known misconfiguration",
-        description=__doc__.splitlines()[0])
+        description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, default=8000,
                    help="port to listen on (fleet: first port, consecutive; 0 = any free ports)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

@@ -59,7 +59,7 @@ def _seconds(text: str) -> float:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sweep", help="measure a live server's saturation knee (bounded load levels) and write calibration rows",
-        description=__doc__.splitlines()[0])
+        description=__doc__.split("\n\n")[0])
     p.add_argument("url", metavar="URL", help="the server's base URL, e.g. http://127.0.0.1:8000")
     lv = p.add_argument_group("levels")
     lv.add_argument("--concurrency", metavar="LIST", help="closed-loop levels, e.g. 1,4,16 (default: 1,2,4,... "

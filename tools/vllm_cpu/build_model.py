@@ -297,7 +297,7 @@ def build_arch(out: Path, a: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", type=Path)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)

@@ -238,7 +238,7 @@ def parse_at_kv(v: str) -> tuple[float, float, str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--served-model-name", default="tiny-llama")
     p.add_argument("--port", type=int, default=8011)

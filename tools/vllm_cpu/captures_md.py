@@ -70,7 +70,7 @@ def versions(py: str | None) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("fixture_dir", type=Path)
     p.add_argument("model_dir", type=Path)
     p.add_argument("--vllm-venv-python")

@@ -152,7 +152,7 @@ def run(name: str, flags: list[str], port: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--only", nargs="*", default=list(VARIANTS))

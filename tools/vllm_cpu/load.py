@@ -171,7 +171,7 @@ def summary(spec: LoadSpec, res: LoadResult) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--concurrency", type=int, default=8)

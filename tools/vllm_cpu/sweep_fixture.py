@@ -51,7 +51,7 @@ def cut(text: str) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_json", type=Path)
     p.add_argument("metrics_dir", type=Path)
     p.add_argument("out", type=Path)
