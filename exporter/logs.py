@@ -27,7 +27,7 @@ class _Stderr:
         sys.stderr.flush()
 
 
-STDERR = _Stderr()
+_STDERR = _Stderr()
 
 
 def configure(fmt: str = "json", level: str = "info", *, stdlib: bool = True) -> None:
@@ -39,12 +39,12 @@ def configure(fmt: str = "json", level: str = "info", *, stdlib: bool = True) ->
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=STDERR),
+        logger_factory=structlog.PrintLoggerFactory(file=_STDERR),
         cache_logger_on_first_use=False,
     )
     if not stdlib:
         return
-    handler = logging.StreamHandler(STDERR)
+    handler = logging.StreamHandler(_STDERR)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processor=renderer, foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared]))
     root = logging.getLogger()
