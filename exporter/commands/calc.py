@@ -329,11 +329,11 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     if args.max_model_len is not None and not auto:   # checked in run(): refused, but --json still prints
         return setup, kv_capacity(setup, check_fits=False), notes
     loose = kv_capacity(setup, check_fits=False)
-    if loose.blocks_per_request <= loose.gpu_blocks:
+    if loose.fits:
         if auto:
             notes.append(f"max_model_len auto: the model's {setup.max_model_len} fits the KV cache")
         return setup, loose, notes
-    largest = largest_max_model_len(setup, loose.gpu_blocks)
+    largest = largest_max_model_len(setup, loose.fit_blocks)
     if largest < 1:
         return setup, kv_capacity(setup), notes   # raises with vLLM's message
     fitted = dataclasses.replace(setup, max_model_len=largest)
@@ -371,7 +371,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "gpu_blocks": cap.gpu_blocks, "max_concurrency": round(cap.max_concurrency, 2),
             "block_size": cap.block_size, "num_groups": cap.num_groups,
             "blocks_per_request": cap.blocks_per_request,
-            "fits": cap.blocks_per_request <= cap.gpu_blocks,
+            "fits": cap.fits,
         },
         "memory": {
             "weights_gib": round(m.weights_gib, 3), "activation_gib": round(m.activation_gib, 3),
@@ -438,6 +438,11 @@ def _refusal(setup: Setup, cap: KVCapacity, largest: int) -> str:
     largest length that would (`check_enough_kv_cache_memory` in v1/core/kv_cache_utils.py:
     "... is larger than the maximum number of tokens that can be stored in KV cache ...
     the estimated maximum model length is N")."""
+    if cap.fit_blocks != cap.gpu_blocks:   # a release that checks a stage for the whole model
+        try:
+            kv_capacity(setup)
+        except InputError as exc:
+            return str(exc)
     return (f"max_model_len {setup.max_model_len} does not fit: one request needs "
             f"{cap.blocks_per_request} KV blocks but the pool has {cap.gpu_blocks} "
             f"({cap.tokens} tokens, {cap.memory.kv_cache_gib:.2f} GiB per GPU); the estimated "
@@ -469,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
     doc["setup"] = dict([model, gpu, ("model_config", resolve(args).describe()), *rest])
     if not doc["kv_cache"]["fits"]:
         # refused as vLLM refuses (exit 2), but --json still prints what the pool holds
-        largest = largest_max_model_len(setup, cap.gpu_blocks)
+        largest = largest_max_model_len(setup, cap.fit_blocks)
         message = _refusal(setup, cap, largest)
         doc["kv_cache"]["estimated_max_model_len"] = largest
         doc["error"] = message

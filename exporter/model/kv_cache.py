@@ -30,7 +30,8 @@ from exporter.errors import InputError
 from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
-                                   FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, SMALL_SAMPLER,
+                                   FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, PP_WHOLE_MODEL_CHECK,
+                                   SMALL_SAMPLER,
                                    STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY, Setup)
 
 GIB = 1024**3
@@ -101,6 +102,14 @@ class KVCapacity:
     block_size: int
     num_groups: int             # KV cache groups (1 unless hybrid)
     blocks_per_request: int     # blocks one max_model_len request needs
+    # blocks vLLM's "one max_model_len request fits" check compares with: gpu_blocks, except where
+    # it counted the whole model's layers on one pipeline stage (setup.PP_WHOLE_MODEL_CHECK)
+    fit_blocks: int
+
+    @property
+    def fits(self) -> bool:
+        """Whether vLLM starts with this max_model_len (it refuses when one request does not fit)."""
+        return self.blocks_per_request <= self.fit_blocks
 
     @property
     def pool_bytes_per_token(self) -> float:
@@ -442,6 +451,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
     groups = kv_groups(setup)
     stages = _stage_layers(setup.model.num_layers, setup.pp)
     best = None
+    least_avail = math.inf
     for stage in range(setup.pp):
         w = weights_bytes(setup, stage)
         a = activation_bytes(setup, stage)
@@ -455,6 +465,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         else:
             avail = float(fixed) if fixed else requested - (w + a + nt + cg)
             blocks = int(avail // block_bytes)
+        least_avail = min(least_avail, avail)
         if best is None or blocks < best[0] or (override and avail > best[5]):
             best = (blocks, w, a, nt, cg, avail, layers_here)
     blocks, w, a, nt, cg, avail, layers_here = best
@@ -493,12 +504,21 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         tokens = blocks // len(groups.kinds) * bs if not setup.v0 else blocks * bs
     else:
         tokens = int(max_conc * setup.max_model_len)
-    if check_fits and per_request > blocks:
-        largest = largest_max_model_len(setup, blocks, groups)
-        need = per_request * groups.page_bytes * max(1, layers_here)
+    fit_blocks, fit_layers, fit_avail, why = blocks, max(1, layers_here), avail, ""
+    if (not setup.v0 and setup.pp > 1 and not override
+            and PP_WHOLE_MODEL_CHECK[0] <= setup.vllm_version < PP_WHOLE_MODEL_CHECK[1]):
+        # the check holds every stage's layers against the least memory of any stage
+        fit_layers, fit_avail = max(1, groups.group_size), least_avail
+        fit_blocks = max(int(fit_avail // (groups.page_bytes * fit_layers)), 0)
+        why = (f"; vLLM {'.'.join(map(str, setup.vllm_version))} counts the KV cache of all "
+               f"{setup.pp} pipeline stages against one stage's memory (fixed in 0.17.0, where each "
+               f"stage holds {_gib(per_request * groups.page_bytes * max(1, layers_here))} GiB of it)")
+    if check_fits and per_request > fit_blocks:
+        largest = largest_max_model_len(setup, fit_blocks, groups)
+        need = per_request * groups.page_bytes * fit_layers
         raise InputError(
             f"max_model_len {setup.max_model_len} does not fit: one request needs "
-            f"{_gib(need)} GiB of KV cache but only {_gib(avail)} GiB is available per GPU; "
+            f"{_gib(need)} GiB of KV cache but only {_gib(fit_avail)} GiB is available per GPU{why}; "
             f"the estimated maximum model length is {largest} (lower --max-model-len, raise "
             f"--gpu-memory-utilization or use more GPUs)")
     kv_gib = blocks * groups.page_bytes * max(1, layers_here) / GIB
@@ -508,7 +528,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         memory=MemoryBreakdown(weights_gib=w / GIB, activation_gib=a / GIB, non_torch_gib=nt / GIB,
                                cudagraph_gib=cg / GIB, kv_cache_gib=kv_gib,
                                requested_gib=(w + a + nt + cg + fixed if fixed else requested) / GIB),
-        block_size=bs, num_groups=len(groups.kinds), blocks_per_request=per_request)
+        block_size=bs, num_groups=len(groups.kinds), blocks_per_request=per_request, fit_blocks=fit_blocks)
 
 
 def capacity_from_pool(setup: Setup, pool_bytes: float) -> tuple[int, int, float]:

@@ -118,9 +118,9 @@ def _fit_note(tuned: Any) -> str | None:
         cap = kv_capacity(tuned, check_fits=False)
     except InputError as exc:
         return str(exc)
-    if cap.blocks_per_request <= cap.gpu_blocks:
+    if cap.fits:
         return None
-    largest = largest_max_model_len(tuned, cap.gpu_blocks)
+    largest = largest_max_model_len(tuned, cap.fit_blocks)
     return (f"the p99 request needs max_model_len {tuned.max_model_len} but this setup's KV cache holds "
             f"at most {max(largest, 0)} tokens per request, so vLLM would not start with it: use more "
             "GPUs (--tp), a bigger GPU, --kv-cache-dtype fp8 or quantized weights (see the tiers)")

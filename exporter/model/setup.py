@@ -56,6 +56,13 @@ LONGROPE_SHORT_DEFAULT = (0, 11, 1)
 # "GPU KV cache size" = max_concurrency x max_model_len (vllm PR #40694; _report_kv_cache_config
 # of 0.20.1; 0.20.0 still logs num_blocks // groups x block_size)
 TOKENS_FROM_CONCURRENCY = (0, 20, 1)
+# From 0.14.0 get_kv_cache_configs checked that one max_model_len request fits against the KV groups
+# of the whole model (every worker's layers merged) and the least memory any worker has (vllm PR
+# #29431): under pipeline parallelism a stage holding 1/pp of the layers was asked to hold all of
+# them, and vLLM refused ("To serve at least one request with the models's max seq len ...") a
+# length its stages held (vllm issue #32105). 0.17.0 checks each worker's own layers (vllm PR #33698);
+# read in the 0.13.0, 0.14.0, 0.16.0 and 0.17.0 wheels.
+PP_WHOLE_MODEL_CHECK = ((0, 14, 0), (0, 17, 0))
 # the scheduler runs one step ahead of the GPU by default (async scheduling: config/scheduler.py's
 # `async_scheduling` None, resolved on in config/vllm.py, from 0.14.0; the CPU platform turns it
 # off); from 0.26.0 a sliding-window or chunked-local request is sized at startup for the tokens

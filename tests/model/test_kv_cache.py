@@ -206,6 +206,33 @@ def test_default_batch_knobs_follow_the_gpu():
 
 # ---- impossible setups -----------------------------------------------------------------------------
 
+def test_pipeline_stages_refused_as_vllm_014_to_016_refused_them():
+    """vllm issue #32105: GLM-4.7-FP8 on eight A100s, --pipeline-parallel-size 8, max_model_len
+    202752, on a build between 0.14 and 0.15: "(71.16 GiB KV cache is needed, which is larger than
+    the available KV cache memory (28.57 GiB). Based on the available memory, the estimated maximum
+    model length is 81392." Those 71.16 GiB are all 92 layers' cache, not a stage's 12 layers
+    (9.28 GiB): 0.14-0.16 checked the whole model against one stage; 0.13 and 0.17 start."""
+    def glm(v, **kw):
+        return Setup.build("zai-org/GLM-4.7-FP8", "A100-80GB", pp=8, max_model_len=202752,
+                           gpu_memory_utilization=0.925, max_num_seqs=128, enable_prefix_caching=True,
+                           vllm_version=v, **kw)
+    for v in ("0.14.0", "0.15.1", "0.16.0"):
+        with pytest.raises(InputError, match=r"needs 71\.16 GiB .* all 8 pipeline stages"):
+            kv_capacity(glm(v))
+        assert not kv_capacity(glm(v), check_fits=False).fits
+    for v in ("0.13.0", "0.17.0"):
+        cap = kv_capacity(glm(v))
+        assert cap.fits and cap.fit_blocks == cap.gpu_blocks
+    # the pool vLLM logged: the length it names, from the page arithmetic alone
+    logged = glm("0.15.1", kv_cache_memory_bytes=int(28.57 * GIB))
+    with pytest.raises(InputError) as exc:
+        kv_capacity(logged)
+    largest = int(re.search(r"estimated maximum model length is (\d+)", str(exc.value)).group(1))
+    assert largest == pytest.approx(81392, rel=0.001)
+    # a length the check passes starts on the same release
+    assert kv_capacity(logged.with_(max_model_len=largest)).fits
+
+
 def test_weights_that_do_not_fit_are_refused():
     with pytest.raises(InputError, match="does not fit"):
         kv_capacity(setup("meta-llama/Llama-3.1-405B-Instruct", "L4"))

@@ -77,6 +77,24 @@ def test_calc_json_still_prints_the_document_when_max_model_len_does_not_fit():
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_calc_refuses_a_pipeline_vllm_016_refused_though_its_stages_hold_the_pool():
+    """The same document and exit 2 where the refusal is vLLM 0.14-0.16's whole-model check on a
+    pipeline stage (vllm issue #32105): the pool itself holds the request."""
+    args = [sys.executable, "-m", "exporter", "calc", "--model", "zai-org/GLM-4.7-FP8", "--gpu",
+            "A100-80GB", "--pp", "8", "--gpu-memory-utilization", "0.925", "--max-model-len", "202752",
+            "--json"]
+    out = subprocess.run(args + ["--vllm-version", "0.16.0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    kv = json.loads(out.stdout)["kv_cache"]
+    assert kv["fits"] is False and kv["blocks_per_request"] <= kv["gpu_blocks"]
+    assert "all 8 pipeline stages against one stage's memory" in out.stderr
+    assert f"estimated maximum model length is {kv['estimated_max_model_len']}" in out.stderr
+    assert 0 < kv["estimated_max_model_len"] < 202752
+    fixed = subprocess.run(args + ["--vllm-version", "0.17.0"], capture_output=True, text=True, timeout=120)
+    assert fixed.returncode == 0, fixed.stderr
+    assert json.loads(fixed.stdout)["kv_cache"]["fits"] is True
+
+
 def test_calc_accepts_data_and_expert_parallel():
     out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", MOE, "--gpu", "H200",
                           "--tp", "4", "--data-parallel", "2", "--enable-expert-parallel",
