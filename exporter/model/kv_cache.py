@@ -30,6 +30,7 @@ from exporter.errors import InputError
 from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
+                                   V1_DEVICE_WIDE_NON_TORCH_BEFORE,
                                    FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, PP_WHOLE_MODEL_CHECK,
                                    SMALL_SAMPLER,
                                    STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY, Setup)
@@ -67,7 +68,15 @@ CALIBRATION = {
     # TP1 row in kv-memory-breakdown.csv, 0.51) and NCCL's init buffers (init_used 1.53 at TP2
     # minus the context)
     "cuda_context_gib": 0.51,
-    "nccl_init_gib": 1.02,
+    "nccl_init_gib": 1.02,   # NVLS buffers (NVSwitch systems); on PCIe and NVLink 3 NCCL's init
+    # buffers are small enough to sit inside the 0.10 GiB of non_torch_tp_no_nvls_pre017_gib (a
+    # 0.7.2 V0 log of two PCIe RTX 4090s: 0.25 GiB of non-torch memory at TP2, context excluded)
+    # V1 0.8.0-0.9.0 counted the device too (setup.V1_DEVICE_WIDE_NON_TORCH_BEFORE): the context
+    # of those releases' stacks, from public startups on consumer Ampere/Ada cards: a 0.6.4 V0
+    # RTX 3090 log prints non_torch_memory=0.35 GiB with the context (0.22 over the growth), and
+    # V1 0.8.4 on an RTX 3090 (Qwen2.5-7B, TP1) and 0.8.5 on an RTX 4090 D (Qwen2.5-0.5B) leave
+    # 0.19 and 0.32 GiB unexplained without it
+    "cuda_context_v1_pre091_gib": 0.24,
     # share of a multimodal tower's weights every TP rank holds in full (patch embeddings,
     # norms, position tables, layers without a TP split); Kimi-VL and Mistral-Small w8a8 at TP2
     "tower_replicated_share": 0.3,
@@ -402,9 +411,11 @@ def non_torch_bytes(setup: Setup) -> float:
     comm = setup.tp > 1 or (setup.dp > 1 and setup.model.is_moe)
     pre017 = (c["non_torch_tp_pre017_gib"] if _nvls(setup) else c["non_torch_tp_no_nvls_pre017_gib"]) \
         if comm else c["non_torch_single_pre017_gib"]
-    if setup.vllm_version < DEVICE_WIDE_NON_TORCH_BEFORE:
+    v1_device_wide = not setup.v0 and setup.vllm_version < V1_DEVICE_WIDE_NON_TORCH_BEFORE
+    if setup.vllm_version < DEVICE_WIDE_NON_TORCH_BEFORE or v1_device_wide:
         # device-wide accounting: the CUDA context and NCCL's init-time buffers count too
-        base = c["cuda_context_gib"] + (c["nccl_init_gib"] if comm else 0.0)
+        context = c["cuda_context_v1_pre091_gib"] if v1_device_wide else c["cuda_context_gib"]
+        base = context + (c["nccl_init_gib"] if comm and _nvls(setup) else 0.0)
         return (base + pre017) * GIB
     if setup.vllm_version < SMALL_SAMPLER:
         return pre017 * GIB

@@ -57,8 +57,12 @@ def test_v0_before_0_6_4_counts_the_cuda_context_and_nccl_init_as_non_torch():
     new = old.with_(vllm_version=(0, 6, 4))
     c = kv_cache.CALIBRATION
     assert non_torch_bytes(old) - non_torch_bytes(new) == pytest.approx(c["cuda_context_gib"] * GIB)
+    # NCCL's init-time NVLS buffers on an NVSwitch system; PCIe ranks' are inside the growth
     old2, new2 = old.with_(tp=2), new.with_(tp=2)
-    assert non_torch_bytes(old2) - non_torch_bytes(new2) == pytest.approx(
+    assert non_torch_bytes(old2) - non_torch_bytes(new2) == pytest.approx(c["cuda_context_gib"] * GIB)
+    h100 = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB", tp=2, max_model_len=4096,
+                       vllm_version="0.6.3")
+    assert non_torch_bytes(h100) - non_torch_bytes(h100.with_(vllm_version=(0, 6, 4))) == pytest.approx(
         (c["cuda_context_gib"] + c["nccl_init_gib"]) * GIB)
 
 

@@ -144,6 +144,55 @@ def test_pre_ampere_gpus_run_v0_until_v1_supported_them():
     assert not Setup.build("Qwen/Qwen2.5-7B-Instruct", "A100-80GB", vllm_version="0.8.5").v0
 
 
+# V1 startups of 0.8.x, whose worker counted everything on the device (setup.
+# V1_DEVICE_WIDE_NON_TORCH_BEFORE), and one of 0.9.2 (snapshot) for contrast: (id, source, model,
+# gpu, version, flags, logged "GPU KV cache size" tokens; at TP2 the least of the ranks')
+V1_DEVICE_WIDE = [
+    # blog post "vLLM 框架介绍与本地私有化部署" (author hsc, 2025-02-27, updated for 0.8.4): offline
+    # LLM(model=<ModelScope Qwen2.5-7B>, max_model_len=4096), "Initializing a V1 LLM engine
+    # (v0.8.4)", "Chunked prefill is enabled with max_num_batched_tokens=8192", "FlashInfer is not
+    # available", "Model loading took 14.2717 GiB", "GPU KV cache size: 97,680 tokens"; then at
+    # tensor_parallel_size=2, gpu_memory_utilization=0.8 on two of its four RTX 3090s ("Custom
+    # allreduce is disabled because your platform lacks GPU P2P capability"): 359,328 / 359,712
+    ("3090-tp1-0.8.4", "blog 'vLLM 框架介绍与本地私有化部署' (hsc)", "Qwen/Qwen2.5-7B-Instruct", "RTX-3090-24GB",
+     "0.8.4", dict(max_model_len=4096), 97680),
+    ("3090-tp2-0.8.4", "blog 'vLLM 框架介绍与本地私有化部署' (hsc)", "Qwen/Qwen2.5-7B-Instruct", "RTX-3090-24GB",
+     "0.8.4", dict(tp=2, max_model_len=4096, gpu_memory_utilization=0.8), 359328),
+    # verl ReTool recipe notes: `vllm serve <Qwen2.5-0.5B-Instruct SFT+DAPO merge>` on one RTX 4090 D
+    # (24564 MiB), defaults; "Model loading took 0.9271 GiB", "GPU KV cache size: 1,606,496 tokens";
+    # its line numbers are 0.8.5's (the banner is cut off; a note of the same host prints 0.8.5.post1)
+    ("4090d-tp1-0.8.5", "verl ReTool recipe notes (RTX 4090 D host)", "Qwen/Qwen2.5-0.5B-Instruct", "RTX-4090-24GB",
+     "0.8.5", dict(max_model_len=32768), 1606496),
+    # github.com/dariustanrd/tokenkaki, blog draft "behind the API 1: vLLM" (an earlier revision):
+    # `vllm serve Qwen/Qwen3-8B`, "vLLM API server version 0.9.2", A100-SXM4-40GB (nvidia-smi lists
+    # only vLLM), "Available KV cache memory: 18.69 GiB", "GPU KV cache size: 136,080 tokens"
+    ("a100-40-tp1-0.9.2", "github.com/dariustanrd/tokenkaki blogposts/content/1_vllm", "Qwen/Qwen3-8B",
+     "A100-40GB", "0.9.2", {}, 136080),
+]
+
+
+def test_v1_before_0_9_1_counts_the_cuda_context_as_non_torch():
+    """0.8.0-0.9.0's V1 worker added "device used - torch allocated" to torch's peak, so the CUDA
+    context counts against the pool; from 0.9.1 a snapshot taken after the context is the baseline.
+    Without the context the three 0.8.x pools were +5.2 / +6.9 / +1.7 % (now +0.6 / +4.4 / +0.4);
+    the 0.9.2 row is unchanged (-0.2 %)."""
+    errors = {}
+    for i, _, model, gpu, version, flags, tokens in V1_DEVICE_WIDE:
+        errors[i] = _capacity(model, gpu, version, flags).tokens / tokens - 1
+    assert max(abs(e) for e in errors.values()) <= 0.05
+    assert sum(abs(e) for e in errors.values()) / len(errors) <= 0.025
+    # the term is the context of those releases, not NCCL's NVLS buffers: PCIe TP ranks add none
+    tp1 = Setup.build("Qwen/Qwen2.5-7B-Instruct", "RTX-3090-24GB", max_model_len=4096, vllm_version="0.8.4")
+    tp2 = tp1.with_(tp=2)
+    assert (kv_capacity(tp1).memory.non_torch_gib - kv_capacity(tp1.with_(vllm_version=(0, 9, 1))).memory.non_torch_gib
+            == pytest.approx(0.24))
+    assert (kv_capacity(tp2).memory.non_torch_gib - kv_capacity(tp2.with_(vllm_version=(0, 9, 1))).memory.non_torch_gib
+            == pytest.approx(0.24))
+    # V0 (a T4 on 0.8.x fell back to it) kept its own profiling
+    t4 = Setup.build("Qwen/Qwen2.5-0.5B-Instruct", "T4", dtype="float16", max_model_len=4096, vllm_version="0.8.4")
+    assert kv_capacity(t4).memory.non_torch_gib == kv_capacity(t4.with_(vllm_version=(0, 9, 1))).memory.non_torch_gib
+
+
 def test_flashinfer_sampler_releases_profile_the_small_sampler():
     def act(v):
         return kv_capacity(Setup.build("Qwen/Qwen2.5-7B-Instruct", "A100-80GB", vllm_version=v,
