@@ -31,7 +31,8 @@ from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
                                    V1_DEVICE_WIDE_NON_TORCH_BEFORE,
-                                   FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, PP_WHOLE_MODEL_CHECK,
+                                   FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, MOE_CHUNK_16K_UNTIL,
+                                   MOE_CHUNK_32K_UNTIL, PP_WHOLE_MODEL_CHECK,
                                    SMALL_SAMPLER,
                                    STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY, Setup)
 
@@ -369,8 +370,11 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     if m.is_moe and setup.quantization != "mxfp4":  # the MXFP4 MoE kernels keep no workspace
         # per-rank expert width: whole experts under EP, 1/(tp x dp) of each otherwise
         inter_rank = m.moe_intermediate_size / (1 if setup.expert_parallel else setup.moe_ranks)
-        moe_ws = (c["moe_workspace_bytes"] * tokens * m.experts_per_token
+        moe_ws = (c["moe_workspace_bytes"] * moe_profile_tokens(setup) * m.experts_per_token
                   * (2 * inter_rank + m.hidden_size))
+        if setup.dp > 1 and not setup.v0:
+            # the dispatched hidden states of every DP rank, alive while the experts run
+            moe_ws += tokens * setup.dp * m.hidden_size * setup.dtype_bytes
     if stage != setup.pp - 1:
         return forward
     rows = min(setup.max_num_seqs, tokens)
@@ -387,6 +391,20 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     if setup.v0:
         return max(forward, sampler) + moe_ws
     return max(forward, sampler + moe_ws)
+
+
+def moe_profile_tokens(setup: Setup) -> int:
+    """Tokens the profile run's MoE workspace is sized for: max_num_batched_tokens, or under data
+    parallelism every DP rank's, cut at the fused-MoE chunk of the release (setup.MOE_CHUNK_*)."""
+    tokens = setup.max_num_batched_tokens
+    if setup.dp == 1 or setup.v0:
+        return tokens
+    gathered = tokens * setup.dp
+    if setup.vllm_version < MOE_CHUNK_32K_UNTIL:
+        return min(gathered, 32768)
+    if setup.vllm_version < MOE_CHUNK_16K_UNTIL:
+        return 16384 if setup.expert_parallel else min(gathered, 16384)
+    return gathered
 
 
 def _nvls(setup: Setup) -> bool:

@@ -56,6 +56,16 @@ LONGROPE_SHORT_DEFAULT = (0, 11, 1)
 # "GPU KV cache size" = max_concurrency x max_model_len (vllm PR #40694; _report_kv_cache_config
 # of 0.20.1; 0.20.0 still logs num_blocks // groups x block_size)
 TOKENS_FROM_CONCURRENCY = (0, 20, 1)
+# Under data parallelism a MoE layer's experts see every DP rank's tokens (the naive dispatch's
+# multicast before 0.11, all-gather from it; fused_moe/layer.py `do_naive_dispatch_combine`,
+# all2all_utils / prepare_finalize), so the profile run's MoE workspace is sized for dp x
+# max_num_batched_tokens tokens, cut at VLLM_FUSED_MOE_CHUNK_SIZE: 32768 until 0.11 (fused_moe.py
+# `M = min(num_tokens, CHUNK_SIZE)`), 16384 from 0.12, where the DP+EP profile run allocates that
+# worst case whatever the tokens (modular_kernel.py "Force worst-case allocation in profiling run");
+# from 0.18 the workspace is the tokens that arrive, uncut. Read in the 0.10.1, 0.11.0, 0.12.0-0.17.0
+# and 0.19.0 wheels. A row of vllm-project/recipes PR #12 (Qwen3-Coder-480B-FP8, dp 8 + EP) is the check.
+MOE_CHUNK_32K_UNTIL = (0, 12, 0)
+MOE_CHUNK_16K_UNTIL = (0, 18, 0)
 # From 0.14.0 get_kv_cache_configs checked that one max_model_len request fits against the KV groups
 # of the whole model (every worker's layers merged) and the least memory any worker has (vllm PR
 # #29431): under pipeline parallelism a stage holding 1/pp of the layers was asked to hold all of

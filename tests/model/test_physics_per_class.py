@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from dataclasses import fields, replace
@@ -97,6 +98,29 @@ def test_calc_refuses_a_pipeline_vllm_016_refused_though_its_stages_hold_the_poo
     fixed = subprocess.run(args + ["--vllm-version", "0.17.0"], capture_output=True, text=True, timeout=120)
     assert fixed.returncode == 0, fixed.stderr
     assert json.loads(fixed.stdout)["kv_cache"]["fits"] is True
+
+
+@pytest.mark.parametrize("util,available_gib,largest", [(0.9, 48.66, 205728), (0.95, 55.65, 235296)])
+def test_data_parallel_moe_profiles_every_dp_ranks_tokens(util, available_gib, largest):
+    """vllm-project/recipes PR #12: Qwen3-Coder-480B-A35B-Instruct-FP8 with -dp=8
+    --enable-expert-parallel on 141 GB H20s (139.8 GiB: the two pools differ by 0.05 x that) at
+    0.10.1: "62.00 GiB KV cache is needed, which is larger than the available KV cache memory
+    (48.66 GiB) ... the estimated maximum model length is 205728" (55.65 GiB and 235296 at 0.95).
+    The experts of each rank see all eight ranks' dummy tokens, cut at the 32768-token fused-MoE
+    chunk: sized for one rank's 8192 the pool came out 5.4 GiB (11 %) too large."""
+    s = Setup.build("Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8", "H20-96GB", gpu_memory_gib=139.8, dp=8,
+                    expert_parallel=True, gpu_memory_utilization=util, max_model_len=262144,
+                    vllm_version="0.10.1")
+    with pytest.raises(kv_cache.InputError, match=r"needs 62\.0 GiB") as exc:
+        kv_cache.kv_capacity(s)
+    estimated = int(re.search(r"estimated maximum model length is (\d+)", str(exc.value)).group(1))
+    assert estimated == pytest.approx(largest, rel=0.02)
+    assert kv_cache.kv_capacity(s, check_fits=False).memory.kv_cache_gib == pytest.approx(available_gib, abs=0.7)
+    # the tokens each rank's experts are sized for, by release
+    tokens = lambda v, ep=True: kv_cache.moe_profile_tokens(s.with_(vllm_version=v, expert_parallel=ep))  # noqa: E731
+    assert tokens((0, 10, 1)) == 32768 and tokens((0, 17, 0)) == 16384 and tokens((0, 19, 0)) == 8 * 8192
+    assert tokens((0, 17, 0), ep=False) == 16384 and tokens((0, 11, 1), ep=False) == 32768
+    assert kv_cache.moe_profile_tokens(s.with_(dp=1)) == s.max_num_batched_tokens
 
 
 def test_calc_accepts_data_and_expert_parallel():
