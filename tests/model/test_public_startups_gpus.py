@@ -193,6 +193,26 @@ def test_v1_before_0_9_1_counts_the_cuda_context_as_non_torch():
     assert kv_capacity(t4).memory.non_torch_gib == kv_capacity(t4.with_(vllm_version=(0, 9, 1))).memory.non_torch_gib
 
 
+def test_v0_chunks_long_contexts_by_itself_from_0_5_3_with_each_release_guards():
+    """arg_utils.py of the 0.5.0-0.8.5 wheels: no auto chunked prefill before 0.5.3 (a 0.4.2 server
+    profiles one prefill of the whole context); prefix caching kept it off until 0.6.1, multimodal
+    models from 0.6.2, MLA models from 0.8.0."""
+    def chunked(model, v, gpu="A100-80GB", **kw):
+        return Setup.build(model, gpu, vllm_version=v, **kw).enable_chunked_prefill
+    llama = "meta-llama/Llama-3.1-8B-Instruct"
+    assert not chunked(llama, "0.5.2") and chunked(llama, "0.5.3")
+    assert Setup.build(llama, "A100-80GB", vllm_version="0.4.2").max_num_batched_tokens == 131072
+    assert not chunked(llama, "0.6.0", enable_prefix_caching=True)
+    assert chunked(llama, "0.6.1", enable_prefix_caching=True)
+    vl = "Qwen/Qwen2.5-VL-7B-Instruct"
+    assert Setup.build(vl, "A100-80GB").model.extra_params > 0
+    assert chunked(vl, "0.6.1", max_model_len=65536) and not chunked(vl, "0.6.2", max_model_len=65536)
+    mla = "deepseek-ai/DeepSeek-V2-Lite-Chat"   # V0 on a V100 until 0.10.2
+    assert chunked(mla, "0.7.3", gpu="V100-SXM2-32GB") and not chunked(mla, "0.8.0", gpu="V100-SXM2-32GB")
+    # short contexts never chunked by themselves in V0
+    assert not chunked(llama, "0.6.3", max_model_len=32768)
+
+
 def test_flashinfer_sampler_releases_profile_the_small_sampler():
     def act(v):
         return kv_capacity(Setup.build("Qwen/Qwen2.5-7B-Instruct", "A100-80GB", vllm_version=v,
