@@ -30,11 +30,11 @@ from exporter.errors import InputError
 from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
-                                   V1_DEVICE_WIDE_NON_TORCH_BEFORE,
                                    FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, MOE_CHUNK_16K_UNTIL,
-                                   MOE_CHUNK_32K_UNTIL, PP_WHOLE_MODEL_CHECK,
-                                   SMALL_SAMPLER,
-                                   STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY, Setup)
+                                   MOE_CHUNK_32K_UNTIL, PP_WHOLE_MODEL_CHECK, SMALL_SAMPLER,
+                                   STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY,
+                                   V1_DEVICE_WIDE_NON_TORCH_BEFORE, Setup)
+from exporter.parse.version import format_version
 
 GIB = 1024**3
 
@@ -65,13 +65,14 @@ CALIBRATION = {
     "non_torch_pp_gib": 0.07,
     "non_torch_tp_nvswitch_gib": 2.12,   # NCCL NVLS buffers on NVSwitch systems (H100/H200/B200)
     "non_torch_tp_pcie_gib": 0.45,       # PCIe / NVLink-bridge GPUs: no NVLS [estimate]
-    # V0 before v0.6.4 counted everything on the device: the CUDA context (init_used_gib of a
-    # TP1 row in kv-memory-breakdown.csv, 0.51) and NCCL's init buffers (init_used 1.53 at TP2
+    # charged below 0.6.4 (setup.DEVICE_WIDE_NON_TORCH_BEFORE): a CUDA context's worth (init_used_gib
+    # of a TP1 row in kv-memory-breakdown.csv, 0.51) and NCCL's init buffers (init_used 1.53 at TP2
     # minus the context)
     "cuda_context_gib": 0.51,
-    "nccl_init_gib": 1.02,   # NVLS buffers (NVSwitch systems); on PCIe and NVLink 3 NCCL's init
-    # buffers are small enough to sit inside the 0.10 GiB of non_torch_tp_no_nvls_pre017_gib (a
-    # 0.7.2 V0 log of two PCIe RTX 4090s: 0.25 GiB of non-torch memory at TP2, context excluded)
+    # NCCL's NVLS buffers (NVSwitch systems) only: on PCIe and NVLink 3 its init buffers are small
+    # enough to sit inside the 0.10 GiB of non_torch_tp_no_nvls_pre017_gib (a 0.7.2 V0 log of two
+    # PCIe RTX 4090s: 0.25 GiB of non-torch memory at TP2, context excluded)
+    "nccl_init_gib": 1.02,
     # V1 0.8.0-0.9.0 counted the device too (setup.V1_DEVICE_WIDE_NON_TORCH_BEFORE): the context
     # of those releases' stacks, from public startups on consumer Ampere/Ada cards: a 0.6.4 V0
     # RTX 3090 log prints non_torch_memory=0.35 GiB with the context (0.22 over the growth), and
@@ -539,7 +540,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         # the check holds every stage's layers against the least memory of any stage
         fit_layers, fit_avail = max(1, groups.group_size), least_avail
         fit_blocks = max(int(fit_avail // (groups.page_bytes * fit_layers)), 0)
-        why = (f"; vLLM {'.'.join(map(str, setup.vllm_version))} counts the KV cache of all "
+        why = (f"; vLLM {format_version(setup.vllm_version)} counts the KV cache of all "
                f"{setup.pp} pipeline stages against one stage's memory (fixed in 0.17.0, where each "
                f"stage holds {_gib(per_request * groups.page_bytes * max(1, layers_here))} GiB of it)")
     if check_fits and per_request > fit_blocks:
