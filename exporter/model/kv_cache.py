@@ -534,7 +534,8 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         tokens = blocks // len(groups.kinds) * bs if not setup.v0 else blocks * bs
     else:
         tokens = int(max_conc * setup.max_model_len)
-    fit_blocks, fit_layers, fit_avail, why = blocks, max(1, layers_here), avail, ""
+    stage_layers = max(1, layers_here)
+    fit_blocks, fit_layers, fit_avail, why = blocks, stage_layers, avail, ""
     if (not setup.v0 and setup.pp > 1 and not override
             and PP_WHOLE_MODEL_CHECK[0] <= setup.vllm_version < PP_WHOLE_MODEL_CHECK[1]):
         # the check holds every stage's layers against the least memory of any stage
@@ -542,7 +543,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
         fit_blocks = max(int(fit_avail // (groups.page_bytes * fit_layers)), 0)
         why = (f"; vLLM {format_version(setup.vllm_version)} counts the KV cache of all "
                f"{setup.pp} pipeline stages against one stage's memory (fixed in 0.17.0, where each "
-               f"stage holds {_gib(per_request * groups.page_bytes * max(1, layers_here))} GiB of it)")
+               f"stage holds {_gib(per_request * groups.page_bytes * stage_layers)} GiB of it)")
     if check_fits and per_request > fit_blocks:
         largest = largest_max_model_len(setup, fit_blocks, groups)
         need = per_request * groups.page_bytes * fit_layers
@@ -551,7 +552,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
             f"{_gib(need)} GiB of KV cache but only {_gib(fit_avail)} GiB is available per GPU{why}; "
             f"the estimated maximum model length is {largest} (lower --max-model-len, raise "
             f"--gpu-memory-utilization or use more GPUs)")
-    kv_gib = blocks * groups.page_bytes * max(1, layers_here) / GIB
+    kv_gib = blocks * groups.page_bytes * stage_layers / GIB
     return KVCapacity(
         bytes_per_token=bytes_per_token(setup), tokens=int(tokens), gpu_blocks=int(blocks),
         max_concurrency=max_conc,

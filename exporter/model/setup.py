@@ -24,8 +24,11 @@ V1_DEFAULT = (0, 8, 0)          # V1 engine on by default; before: V0, logs "# G
 V1_BEFORE_AMPERE = (0, 10, 2)
 # V0's chunked prefill by itself for max_model_len > 32k (arg_utils.py, read in the 0.5.0-0.8.5
 # wheels): from 0.5.3; not with prefix caching until 0.6.1; not for multimodal models from 0.6.2;
-# not for MLA models from 0.8.0. (first, prefix caching blocks it until, multimodal, MLA)
-V0_LONG_CONTEXT_CHUNKED = ((0, 5, 3), (0, 6, 1), (0, 6, 2), (0, 8, 0))
+# not for MLA models from 0.8.0
+V0_LONG_CONTEXT_CHUNKED = (0, 5, 3)
+V0_LONG_CHUNKED_WITH_PREFIX_CACHING = (0, 6, 1)
+V0_LONG_CHUNKED_NOT_MULTIMODAL = (0, 6, 2)
+V0_LONG_CHUNKED_NOT_MLA = (0, 8, 0)
 BATCH_DEFAULTS_BY_GPU = (0, 9, 0)  # get_batch_defaults: 8192/1024 on >=70 GiB non-A100 GPUs (vllm PR #17885, May 2025)
 SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR #205 blog)
 # V1's dummy sampler ran FlashInfer's top-k/top-p kernel (no sort of the vocabulary) where FlashInfer
@@ -348,14 +351,13 @@ class Setup:
             # with a sliding window, multimodal models or (late V0) MLA (vllm/engine/arg_utils.py
             # create_engine_config: "Chunked prefill is enabled by default for models with
             # max_model_len > 32K", guarded by `not use_sliding_window`, `is_multimodal_model`,
-            # `use_mla`; each guard from the release in V0_LONG_CONTEXT_CHUNKED). Without it the
+            # `use_mla`; each guard from its release, V0_LONG_CHUNKED_*). Without it the
             # profile run is ONE prefill of max(max_model_len, 2048) tokens, whose activations can
             # leave little for the KV cache.
-            first, prefix_until, mm_from, mla_from = V0_LONG_CONTEXT_CHUNKED
-            chunked = (version >= first and mml > 32768 and not arch.sliding_window
-                       and not (arch.extra_params and version >= mm_from)
-                       and not (arch.attention == "mla" and version >= mla_from)
-                       and not (enable_prefix_caching and version < prefix_until)
+            chunked = (version >= V0_LONG_CONTEXT_CHUNKED and mml > 32768 and not arch.sliding_window
+                       and not (arch.extra_params and version >= V0_LONG_CHUNKED_NOT_MULTIMODAL)
+                       and not (arch.attention == "mla" and version >= V0_LONG_CHUNKED_NOT_MLA)
+                       and not (enable_prefix_caching and version < V0_LONG_CHUNKED_WITH_PREFIX_CACHING)
                        ) if enable_chunked_prefill is None else enable_chunked_prefill
             mnbt = max_num_batched_tokens or (512 if chunked else max(mml, 2048))
         else:

@@ -117,7 +117,8 @@ def test_data_parallel_moe_profiles_every_dp_ranks_tokens(util, available_gib, l
     assert estimated == pytest.approx(largest, rel=0.02)
     assert kv_cache.kv_capacity(s, check_fits=False).memory.kv_cache_gib == pytest.approx(available_gib, abs=0.7)
     # the tokens each rank's experts are sized for, by release
-    tokens = lambda v, ep=True: kv_cache.moe_profile_tokens(s.with_(vllm_version=v, expert_parallel=ep))  # noqa: E731
+    def tokens(v, ep=True):
+        return kv_cache.moe_profile_tokens(s.with_(vllm_version=v, expert_parallel=ep))
     assert tokens((0, 10, 1)) == 32768 and tokens((0, 17, 0)) == 16384 and tokens((0, 19, 0)) == 8 * 8192
     assert tokens((0, 17, 0), ep=False) == 16384 and tokens((0, 11, 1), ep=False) == 32768
     assert kv_cache.moe_profile_tokens(s.with_(dp=1)) == s.max_num_batched_tokens
