@@ -27,6 +27,7 @@ from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
 from exporter.model.setup import KV_CACHE_MEMORY_BYTES, V1_DEFAULT, Setup
 from exporter.model.traffic import SLO, lengths_from_file
+from exporter.model.vision import encoder_profile
 from exporter.model import tradeoff
 from exporter.parse.version import format_version
 
@@ -113,6 +114,17 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                          metavar="N", help="as vLLM reads it (16k, 16K); default: "
                                                                            "vLLM's for the GPU and version")),
     ("engine flags", ("--block-size",), dict(type=int, metavar="N", help="KV block size in tokens (default 16)")),
+    ("engine flags", ("--limit-mm-per-prompt",), dict(type=lambda t: _flag_value(vllm_args.mm_limits, t),
+                                                      metavar="JSON", help="multimodal items per prompt as vLLM "
+                                                      "reads it ('{\"image\": 2, \"video\": 0}' or image=2,video=0): "
+                                                      "what the startup profile encodes")),
+    ("engine flags", ("--mm-processor-kwargs",), dict(type=lambda t: _flag_value(vllm_args.mm_max_pixels, t),
+                                                      metavar="JSON", dest="mm_max_pixels",
+                                                      help="the image processor's max_pixels (Qwen-VL: "
+                                                           "'{\"max_pixels\": 1003520}'), the size of the dummy "
+                                                           "image the startup profile encodes")),
+    ("engine flags", ("--skip-mm-profiling",), dict(action="store_true", help="no multimodal encoder in the "
+                                                    "startup profile (from vLLM 0.10.1)")),
     ("traffic", ("--profile",), dict(metavar="NAME", help="workload preset: " + ", ".join(profiles())
                                      + " (any traffic/SLO flag overrides it; --list-profiles)")),
     ("traffic", ("--list-profiles",), dict(action="store_true", help="print the workload presets and exit")),
@@ -294,7 +306,10 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         enable_prefix_caching=getattr(args, "enable_prefix_caching", None),
         async_scheduling=getattr(args, "async_scheduling", None),
         mamba_cache_dtype=getattr(args, "mamba_cache_dtype", None),
-        mamba_ssm_cache_dtype=getattr(args, "mamba_ssm_cache_dtype", None))
+        mamba_ssm_cache_dtype=getattr(args, "mamba_ssm_cache_dtype", None),
+        mm_limits=getattr(args, "limit_mm_per_prompt", None),
+        skip_mm_profiling=bool(getattr(args, "skip_mm_profiling", False)),
+        mm_max_pixels=getattr(args, "mm_max_pixels", None))
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -325,14 +340,22 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     if setup.kv_cache_memory_bytes and setup.vllm_version < KV_CACHE_MEMORY_BYTES:
         notes.append(f"--kv-cache-memory-bytes: vLLM {format_version(setup.vllm_version)} may not have it "
                      f"(added in 0.10.2 by vllm PR #21489); the pool is the bytes as given")
+    enc = encoder_profile(setup)
+    if enc is not None:
+        notes.append(f"multimodal: vLLM's startup profile encodes {enc.describe()}, "
+                     f"{enc.kept_bytes / 2**30:.2f} GiB of outputs kept through the language model's dummy run "
+                     f"(the activation is the larger phase; --limit-mm-per-prompt, --mm-processor-kwargs and "
+                     f"--skip-mm-profiling change it)")
     auto = args.max_model_len == vllm_args.AUTO
     if args.max_model_len is not None and not auto:   # checked in run(): refused, but --json still prints
-        return setup, kv_capacity(setup, check_fits=False), notes
-    loose = kv_capacity(setup, check_fits=False)
+        return setup, kv_capacity(setup, check_fits=False, allow_no_pool=True), notes
+    loose = kv_capacity(setup, check_fits=False, allow_no_pool=True)
     if loose.fits:
         if auto:
             notes.append(f"max_model_len auto: the model's {setup.max_model_len} fits the KV cache")
         return setup, loose, notes
+    if loose.memory.kv_cache_gib <= 0:
+        return setup, loose, notes   # no pool at all: refused in run(), --json still prints
     largest = largest_max_model_len(setup, loose.fit_blocks)
     if largest < 1:
         return setup, kv_capacity(setup), notes   # raises with vLLM's message
@@ -365,6 +388,8 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "async_scheduling": setup.async_scheduling,
             "mamba_cache_dtype": setup.mamba_cache_dtype, "mamba_ssm_cache_dtype": setup.mamba_ssm_cache_dtype,
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
+            **({"limit_mm_per_prompt": dict(setup.mm_limits) or None, "skip_mm_profiling": setup.skip_mm_profiling,
+                "mm_max_pixels": setup.mm_max_pixels} if setup.model.vision else {}),
         },
         "kv_cache": {
             "bytes_per_token": cap.bytes_per_token, "tokens": cap.tokens,
@@ -377,6 +402,10 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "weights_gib": round(m.weights_gib, 3), "activation_gib": round(m.activation_gib, 3),
             "non_torch_gib": round(m.non_torch_gib, 3), "cudagraph_gib": round(m.cudagraph_gib, 3),
             "kv_cache_gib": round(m.kv_cache_gib, 3), "requested_gib": round(m.requested_gib, 3),
+            **({"encoder_profile": {"modality": enc.modality, "items": enc.items, "item_tokens": enc.item_tokens,
+                                    "vit_patches": enc.patches, "forward_gib": round(enc.forward_bytes / 2**30, 3),
+                                    "kept_outputs_gib": round(enc.kept_bytes / 2**30, 3)}}
+               if (enc := encoder_profile(setup)) else {}),
         },
     }
 
@@ -438,7 +467,8 @@ def _refusal(setup: Setup, cap: KVCapacity, largest: int) -> str:
     largest length that would (`check_enough_kv_cache_memory` in v1/core/kv_cache_utils.py:
     "... is larger than the maximum number of tokens that can be stored in KV cache ...
     the estimated maximum model length is N")."""
-    if cap.fit_blocks != cap.gpu_blocks:   # a release that checks a stage for the whole model
+    if cap.fit_blocks != cap.gpu_blocks or cap.memory.kv_cache_gib <= 0:
+        # a release that checks a stage for the whole model, or no pool at all: kv_capacity's words
         try:
             kv_capacity(setup)
         except InputError as exc:

@@ -11,6 +11,7 @@ as `--model X` or as the positional of `vllm serve X`, and a shell wrapper
 """
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from typing import Any, Sequence
@@ -53,6 +54,60 @@ def max_model_len(text: str) -> int:
     return token_count(value)
 
 
+def mm_limits(text: str) -> dict[str, int]:
+    """`--limit-mm-per-prompt` as vLLM reads it: a JSON object (`{"image": 2, "video": 0}`; a
+    modality's value may be an object with a `count`, the dummy-size options of 0.13+) or the
+    older `image=2,video=0`. ValueError names what is wrong."""
+    value = str(text).strip()
+    if value.startswith("{"):
+        try:
+            given = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{value!r} is not a JSON object: {exc.msg}") from None
+        if not isinstance(given, dict):
+            raise ValueError(f"{value!r} is not a JSON object of modality counts")
+        items = [(k, v.get("count", 999) if isinstance(v, dict) else v) for k, v in given.items()]
+    else:
+        items = []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            modality, eq, count = part.partition("=")
+            if not eq:
+                raise ValueError(f"{part!r} is not modality=count (e.g. image=2,video=0)")
+            items.append((modality.strip(), count.strip()))
+    out: dict[str, int] = {}
+    for modality, count in items:
+        try:
+            out[str(modality)] = int(count)
+        except (TypeError, ValueError):
+            raise ValueError(f"{modality}: {count!r} is not a count") from None
+    return out
+
+
+def mm_max_pixels(text: str) -> int | None:
+    """The image processor's `max_pixels` in `--mm-processor-kwargs` (a JSON object; Qwen-VL
+    resizes its images by it; also `size.longest_edge`, Qwen3-VL's name), None when it gives none."""
+    try:
+        given = json.loads(str(text))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{text!r} is not a JSON object: {exc.msg}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"{text!r} is not a JSON object")
+    value = given.get("max_pixels")
+    if value is None and isinstance(given.get("size"), dict):
+        value = given["size"].get("longest_edge")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"max_pixels {value!r} is not a number of pixels") from None
+
+
+def mm_limits_label(text: str) -> str:
+    """`--limit-mm-per-prompt` as a label value: `image=2,video=0`, what `mm_limits` reads back."""
+    return ",".join(f"{m}={c}" for m, c in sorted(mm_limits(text).items()))
+
+
 # flag (dashes, no leading --) -> hint key; value type
 _VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "model": ("model", str),
@@ -68,6 +123,8 @@ _VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "dtype": ("dtype", str),
     "block-size": ("block_size", int),
     "port": ("port", int),
+    "limit-mm-per-prompt": ("limit_mm_per_prompt", mm_limits_label),
+    "mm-processor-kwargs": ("mm_max_pixels", mm_max_pixels),
 }
 _SHORT = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
           "q": "quantization"}
@@ -76,12 +133,13 @@ _BOOL_FLAGS = {"enable-prefix-caching": ("enable_prefix_caching", True),
                "enforce-eager": ("enforce_eager", True),
                "enable-expert-parallel": ("expert_parallel", True),
                "async-scheduling": ("async_scheduling", True),
-               "no-async-scheduling": ("async_scheduling", False)}
+               "no-async-scheduling": ("async_scheduling", False),
+               "skip-mm-profiling": ("skip_mm_profiling", True)}
 # Common flags that take a value but give no hint: their value must not be read as the model.
 _OTHER_VALUE_FLAGS = frozenset((
     "host", "api-key", "download-dir", "chat-template", "tokenizer", "revision", "seed",
     "uvicorn-log-level", "load-format", "swap-space", "tool-call-parser", "config",
-    "distributed-executor-backend", "speculative-config", "limit-mm-per-prompt", "lora-modules",
+    "distributed-executor-backend", "speculative-config", "lora-modules",
     "max-loras", "max-lora-rank", "root-path", "tokenizer-mode", "hf-overrides", "cpu-offload-gb",
     "compilation-config", "override-generation-config", "generation-config", "reasoning-parser",
 ))
@@ -159,9 +217,11 @@ def parse_vllm_args(argv: Sequence[str]) -> dict[str, object]:
             continue
         key, conv = spec
         try:
-            hints[key] = conv(raw)
+            value = conv(raw)
         except ValueError:
             continue
+        if value is not None:   # a flag that says nothing here (mm-processor-kwargs without max_pixels)
+            hints[key] = value
     if "model" not in hints and saw_serve and positional:
         hints["model"] = positional[0]
     return hints

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.config import TargetSpec
+from exporter.discovery.vllm_args import mm_limits
 from exporter.errors import InputError
 from exporter.model import optimizer, perf, resolve_gpu
 from exporter.model.optimizer import Tier
@@ -115,6 +116,11 @@ class Identity:
     dp: int | None = None               # --data-parallel-size hint (else the engines the metrics show)
     expert_parallel: bool = False       # --enable-expert-parallel: whole experts per rank
     async_scheduling: bool | None = None  # --[no-]async-scheduling (None: the release's default)
+    # multimodal startup profile: --limit-mm-per-prompt, --skip-mm-profiling, the image
+    # processor's max_pixels (--mm-processor-kwargs)
+    mm_limits: tuple[tuple[str, int], ...] = ()
+    skip_mm_profiling: bool = False
+    mm_max_pixels: int | None = None
 
     @property
     def gpu(self) -> str | None:
@@ -147,7 +153,21 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                     expert_parallel=label_bool(hint("expert_parallel")) is True,
                     # False is a statement here (--no-async-scheduling), not an absent hint
                     async_scheduling=label_bool(spec.async_scheduling if spec.async_scheduling is not None
-                                               else labels.get("async_scheduling")))
+                                               else labels.get("async_scheduling")),
+                    mm_limits=_mm_limits(hint("limit_mm_per_prompt")),
+                    skip_mm_profiling=label_bool(hint("skip_mm_profiling")) is True,
+                    mm_max_pixels=hint_int("mm_max_pixels"))
+
+
+def _mm_limits(value: Any) -> tuple[tuple[str, int], ...]:
+    """A `limit_mm_per_prompt` hint (`image=2,video=0` or vLLM's JSON) as (modality, count) pairs;
+    () when absent or unreadable (vLLM's default then)."""
+    if not value:
+        return ()
+    try:
+        return tuple(sorted(mm_limits(str(value)).items()))
+    except ValueError:
+        return ()
 
 
 @dataclass(frozen=True)
@@ -174,6 +194,9 @@ class ServerFlags:
     async_scheduling: bool | None = None
     mamba_cache_dtype: str | None = None
     mamba_ssm_cache_dtype: str | None = None
+    mm_limits: tuple[tuple[str, int], ...] = ()
+    skip_mm_profiling: bool = False
+    mm_max_pixels: int | None = None
 
     def build(self, model: ModelArch, gpu: GPU) -> Setup:
         return Setup.build(model, gpu, **{f.name: getattr(self, f.name) for f in fields(self)})
@@ -189,7 +212,8 @@ def server_flags(ident: Identity, x: DriftInput, vllm_version: str | None) -> Se
                        vllm_version=read_version(vllm_version), enforce_eager=ident.enforce_eager, dp=int(x.dp),
                        expert_parallel=ident.expert_parallel, enable_prefix_caching=x.enable_prefix_caching,
                        async_scheduling=ident.async_scheduling, mamba_cache_dtype=x.mamba_cache_dtype,
-                       mamba_ssm_cache_dtype=x.mamba_ssm_cache_dtype)
+                       mamba_ssm_cache_dtype=x.mamba_ssm_cache_dtype, mm_limits=ident.mm_limits,
+                       skip_mm_profiling=ident.skip_mm_profiling, mm_max_pixels=ident.mm_max_pixels)
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,

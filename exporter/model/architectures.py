@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from exporter import yamlfile
 from exporter.errors import CatalogError, InputError
+from exporter.model.vision import VisionTower, vision_tower
 from exporter.model.weights import WeightInfo
 
 FULL, SLIDING, CHUNKED, MAMBA, LINEAR = "full", "sliding", "chunked", "mamba", "linear"
@@ -200,6 +201,9 @@ class ModelArch:
     # --max-model-len as given, where it refuses one above the derived length otherwise
     length_in_config: bool = True
     extra_params: int = 0                  # vision tower etc., kept in native dtype
+    # the vision encoder's geometry, where vLLM's profile run encodes dummy images that this
+    # project models (vision.py); None for text-only models and towers not modelled
+    vision: VisionTower | None = None
     native_dtype: str = "bfloat16"
     quantization: str | None = None
     # generation_config.json sets top_k/top_p: vLLM applies these defaults to requests that do not
@@ -1416,6 +1420,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         state=_recurrent_state(cfg, types + ((MAMBA,) if parallel else ()), hidden, model_type,
                                DTYPE_BYTES.get(dtype, 2)), rotary_dim=rotary, rope_cache_elements=rope_cache,
         longrope_original_max_len=_longrope_original(cfg, ropes, config_max_pos),
+        vision=vision_tower(outer),
         length_in_config=bool(lengths) or (isinstance(model_max, (int, float)) and model_max > 0),
         num_experts=n_experts, experts_per_token=k, moe_intermediate_size=moe_inter,
         shared_experts=shared, shared_expert_intermediate_size=shared_inter, moe_layers=moe_layers,

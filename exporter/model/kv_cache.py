@@ -16,8 +16,9 @@ vLLM computes it in two steps, and so do we:
 
 Where it is weak: every constant comes from H100 runs of vLLM 0.19 (plus four late-2025 rows),
 so GPUs with vLLM's small batch defaults (256 sequences, 2048-token chunks), the V0 era, the
-v0.21+ CUDA-graph estimate and non-NVSwitch TP are physics-based extrapolations, and the
-multimodal encoder profile is not modelled beyond the tower weights.
+v0.21+ CUDA-graph estimate and non-NVSwitch TP are physics-based extrapolations; the
+multimodal encoder's share of the profile run (vision.py) is modelled for the V1 engine and the
+Qwen-VL, Gemma 3, Mistral 3, Llama 4 and LLaVA towers.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_T
                                    MOE_CHUNK_32K_UNTIL, PP_WHOLE_MODEL_CHECK, SMALL_SAMPLER,
                                    STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY,
                                    V1_DEVICE_WIDE_NON_TORCH_BEFORE, Setup)
+from exporter.model.vision import SKIP_MM_PROFILING_FROM, encoder_profile
 from exporter.parse.version import format_version
 
 GIB = 1024**3
@@ -377,7 +379,7 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
             # the dispatched hidden states of every DP rank, alive while the experts run
             moe_ws += tokens * setup.dp * m.hidden_size * setup.dtype_bytes
     if stage != setup.pp - 1:
-        return forward
+        return _with_encoder(setup, stage, forward)
     rows = min(setup.max_num_seqs, tokens)
     small = setup.vllm_version >= SMALL_SAMPLER or (
         not setup.v0 and FLASHINFER_SAMPLER[0] <= setup.vllm_version < FLASHINFER_SAMPLER[1])
@@ -391,7 +393,17 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     sampler = (per_logit + setup.dtype_bytes) * rows * m.vocab_size
     if setup.v0:
         return max(forward, sampler) + moe_ws
-    return max(forward, sampler + moe_ws)
+    return _with_encoder(setup, stage, max(forward, sampler + moe_ws))
+
+
+def _with_encoder(setup: Setup, stage: int, language: float) -> float:
+    """The profile's peak on `stage` given the language model's: a multimodal model's encoder
+    runs first on the first stage, and its outputs stay cached through the language model's
+    dummy run (vision.py), so the peak is the larger of the two phases."""
+    enc = encoder_profile(setup) if stage == 0 else None
+    if enc is None:
+        return language
+    return max(enc.forward_bytes, enc.kept_bytes + language)
 
 
 def moe_profile_tokens(setup: Setup) -> int:
@@ -462,7 +474,7 @@ def _gib(x: float) -> float:
     return round(x / GIB, 2)
 
 
-def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
+def kv_capacity(setup: Setup, *, check_fits: bool = True, allow_no_pool: bool = False) -> KVCapacity:
     """Predict vLLM's startup KV-cache lines for `setup`.
 
     Raises InputError when the weights do not fit, or when one max_model_len request does not
@@ -473,7 +485,11 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
     gpu_memory_utilization (`determine_available_memory` returns the bytes); what must still fit
     is the device: weights, activations, non-torch memory, CUDA graphs and that pool.
     `--num-gpu-blocks-override N` replaces the blocks the accounting found by N (the pool is N
-    pages; "Overriding num_gpu_blocks=X with num_gpu_blocks_override=N"), with the same check."""
+    pages; "Overriding num_gpu_blocks=X with num_gpu_blocks_override=N"), with the same check.
+
+    No memory left for a pool ("No available memory for the cache blocks") raises too, unless
+    `allow_no_pool` (with `check_fits=False`): then the capacity holds no block, does not fit, and
+    its pool is the negative "Available KV cache memory" vLLM logs before refusing."""
     fixed = setup.kv_cache_memory_bytes
     override = setup.num_gpu_blocks_override
     total = setup.gpu_memory_gib * GIB
@@ -517,13 +533,21 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
             f"activation {_gib(a)} + non-torch {_gib(nt)} + CUDA graphs {_gib(cg)} GiB in the "
             f"{_gib(total)} GiB of {setup.gpu.name} (vLLM would run out of memory allocating it); "
             f"the most is about {_gib(total - (w + a + nt + cg))} GiB")
-    if avail <= 0:
+    if avail <= 0 and (check_fits or override or not allow_no_pool):
         raise InputError(
             f"no memory left for the KV cache: weights {_gib(w)} + activation {_gib(a)} + "
             f"non-torch {_gib(nt)} + CUDA graphs {_gib(cg)} GiB exceed the {_gib(requested)} GiB "
             f"that gpu_memory_utilization {setup.gpu_memory_utilization} allows on "
-            f"{setup.gpu.name}; raise --gpu-memory-utilization, lower --max-num-batched-tokens "
-            f"or use more GPUs")
+            f"{setup.gpu.name} (vLLM: \"No available memory for the cache blocks\"; available KV "
+            f"cache memory {_gib(avail)} GiB){_encoder_advice(setup, a)}; raise "
+            f"--gpu-memory-utilization, lower --max-num-batched-tokens or use more GPUs")
+    if avail <= 0:   # refused all the same (`fits` is False): the caller prints what vLLM would log
+        return KVCapacity(
+            bytes_per_token=bytes_per_token(setup), tokens=0, gpu_blocks=0, max_concurrency=0.0,
+            memory=MemoryBreakdown(weights_gib=w / GIB, activation_gib=a / GIB, non_torch_gib=nt / GIB,
+                                   cudagraph_gib=cg / GIB, kv_cache_gib=avail / GIB, requested_gib=requested / GIB),
+            block_size=groups.block_size, num_groups=len(groups.kinds),
+            blocks_per_request=max(1, blocks_per_request(setup, groups)), fit_blocks=0)
     blocks = max(blocks, 0)
     bs = groups.block_size
     per_request = blocks_per_request(setup, groups)
@@ -560,6 +584,19 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True) -> KVCapacity:
                                cudagraph_gib=cg / GIB, kv_cache_gib=kv_gib,
                                requested_gib=(w + a + nt + cg + fixed if fixed else requested) / GIB),
         block_size=bs, num_groups=len(groups.kinds), blocks_per_request=per_request, fit_blocks=fit_blocks)
+
+
+def _encoder_advice(setup: Setup, activation: float) -> str:
+    """A clause naming the multimodal encoder's profile where it sets the activation peak."""
+    enc = encoder_profile(setup)
+    if enc is None or enc.forward_bytes < 0.99 * activation:
+        return ""
+    fixes = ["--limit-mm-per-prompt '{\"video\": 0}', a smaller --max-model-len" if enc.modality == "video" else
+             "--limit-mm-per-prompt with fewer items",
+             "--mm-processor-kwargs '{\"max_pixels\": ...}'" if setup.model.vision.patch_size else None,
+             "--skip-mm-profiling" if setup.vllm_version >= SKIP_MM_PROFILING_FROM else None]
+    return (f"; the activation is the multimodal encoder's profile run, {enc.describe()} "
+            f"(shrink it with {' or '.join(f for f in fixes if f)})")
 
 
 def capacity_from_pool(setup: Setup, pool_bytes: float) -> tuple[int, int, float]:

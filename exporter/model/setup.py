@@ -8,6 +8,7 @@ model reads plain resolved values.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Mapping
 
 from exporter.errors import InputError
 from exporter.parse.version import Version, format_version, read_version
@@ -193,6 +194,12 @@ class Setup:
     # names, Nemotron-H's and Qwen3.5's; see state_bytes)
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
+    # multimodal models (vision.py): --limit-mm-per-prompt as (modality, count) pairs (() is
+    # vLLM's default), --skip-mm-profiling, and the image processor's max_pixels
+    # (--mm-processor-kwargs) where the tower resizes by it (Qwen-VL)
+    mm_limits: tuple[tuple[str, int], ...] = ()
+    skip_mm_profiling: bool = False
+    mm_max_pixels: int | None = None
 
     @property
     def moe_ranks(self) -> int:
@@ -279,7 +286,8 @@ class Setup:
                      enable_chunked_prefill=self.enable_chunked_prefill,
                      enable_prefix_caching=self.enable_prefix_caching,
                      async_scheduling=self.async_scheduling, mamba_cache_dtype=self.mamba_cache_dtype,
-                     mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype)
+                     mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype, mm_limits=self.mm_limits,
+                     skip_mm_profiling=self.skip_mm_profiling, mm_max_pixels=self.mm_max_pixels)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -294,7 +302,9 @@ class Setup:
               enable_chunked_prefill: bool | None = None,
               enable_prefix_caching: bool | None = None,
               async_scheduling: bool | None = None, mamba_cache_dtype: str | None = None,
-              mamba_ssm_cache_dtype: str | None = None) -> "Setup":
+              mamba_ssm_cache_dtype: str | None = None,
+              mm_limits: Mapping[str, int] | tuple[tuple[str, int], ...] | None = None,
+              skip_mm_profiling: bool = False, mm_max_pixels: int | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -397,6 +407,12 @@ class Setup:
             if name not in MAMBA_DTYPES:
                 raise InputError(f"--{flag.replace('_', '-')}: unknown {value!r}; one of {', '.join(MAMBA_DTYPES)}")
             mamba[flag] = name
+        limits = tuple(sorted(dict(mm_limits or {}).items()))
+        for modality, count in limits:
+            if int(count) < 0:
+                raise InputError(f"--limit-mm-per-prompt: {modality} must be >= 0 (got {count})")
+        if mm_max_pixels is not None and mm_max_pixels < 1:
+            raise InputError(f"--mm-processor-kwargs: max_pixels must be positive (got {mm_max_pixels})")
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
@@ -411,7 +427,9 @@ class Setup:
                                           and (arch.state is None or version >= HYBRID_PREFIX_CACHING))
                    if enable_prefix_caching is None else bool(enable_prefix_caching),
                    async_scheduling=version >= ASYNC_SCHEDULING_DEFAULT
-                   if async_scheduling is None else bool(async_scheduling), **mamba)
+                   if async_scheduling is None else bool(async_scheduling), **mamba,
+                   mm_limits=tuple((str(m), int(c)) for m, c in limits), skip_mm_profiling=bool(skip_mm_profiling),
+                   mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None)
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's

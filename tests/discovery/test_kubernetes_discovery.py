@@ -210,6 +210,12 @@ def test_missing_kubeconfig_is_reported_not_fatal(tmp_path):
     (["vllm", "serve", "m/e", "--data-parallel-size", "4", "--enable-expert-parallel"],
      {"model": "m/e", "dp": 4, "expert_parallel": True}),
     (["vllm", "serve", "m/n", "--no-async-scheduling"], {"model": "m/n", "async_scheduling": False}),
+    # multimodal profile flags: JSON or the older form, max_pixels out of the processor kwargs
+    (["vllm", "serve", "m/vl", "--limit-mm-per-prompt", '{"video": 0, "image": 2}', "--skip-mm-profiling",
+      "--mm-processor-kwargs", '{"max_pixels": 1003520, "min_pixels": 3136}'],
+     {"model": "m/vl", "limit_mm_per_prompt": "image=2,video=0", "skip_mm_profiling": True, "mm_max_pixels": 1003520}),
+    (["vllm", "serve", "m/vm", "--limit-mm-per-prompt=image=1", "--mm-processor-kwargs", '{"fps": 1}'],
+     {"model": "m/vm", "limit_mm_per_prompt": "image=1"}),
     # vLLM's human-readable counts: lower-case suffixes are powers of 1000, upper-case of 1024
     (["vllm", "serve", "m/u", "--max-num-batched-tokens", "16k", "--max-model-len", "32K"],
      {"model": "m/u", "max_num_batched_tokens": 16000, "max_model_len": "32K"}),
