@@ -31,11 +31,16 @@ What is modelled, read from vLLM's wheels 0.8.5-0.34 (`v1/worker/gpu_model_runne
   installed) until model runner V2's encoder attention replaced it (read absent in 0.34; the
   releases between 0.26 and 0.33 were not read);
 - Qwen2/2.5-VL's dummy video is sized to max_model_len from 0.11.0 (frames in pairs of one
-  image's tokens, at most 14 frames); before, it was built one frame long.
+  image's tokens, at most 14 frames); before, it was built one frame long;
+- Qwen3-VL's dummy video holds its video processor's pixel budget over all frames (12,288
+  embeddings at the default 25,165,824), but in 0.11.x-0.12.x vLLM counted it as 12.5 tokens per
+  embedding (the timestamp text around each), so it won the budget at 153,600 tokens; from 0.13.0
+  the image wins. Its outputs carry the deepstack features beside the embeddings (1 + the
+  deepstack levels times the width). A public Qwen3-VL-30B-A3B startup on 4 x RTX 3090 at 0.11.0
+  logged the 153,600-token budget and "1 video items".
 
-Not modelled: the V0 engine's profile (every modality's dummy inside one forward), Qwen3-VL's
-dummy video (its own video processor's pixel budget; the image is modelled), tiled families
-other than Llama 4 (LLaVA-NeXT, InternVL, Idefics), and --mm-encoder-tp-mode data.
+Not modelled: the V0 engine's profile (every modality's dummy inside one forward), tiled
+families other than Llama 4 (LLaVA-NeXT, InternVL, Idefics), and --mm-encoder-tp-mode data.
 """
 from __future__ import annotations
 
@@ -58,6 +63,11 @@ MM_OUTPUTS_PADDED_TO_ITEM: tuple[Version, Version] = ((0, 12, 0), (0, 13, 0))
 # Qwen2/2.5-VL's dummy video sized to max_model_len (seq_len of the dummy data) from 0.11.0
 MM_VIDEO_AT_MAX_MODEL_LEN: Version = (0, 11, 0)
 QWEN_MAX_FRAMES = 14            # qwen2_vl.py _MAX_FRAMES_PER_VIDEO from 0.11.0 (16 before, unused then)
+# Qwen3-VL's video counted at 12.5 tokens per embedding in 0.11.x-0.12.x (qwen3_vl.py
+# get_max_video_tokens: "<{timestamp} seconds>" + start + pad + end per video token)
+QWEN3_VIDEO_FORMATTED: tuple[Version, Version] = ((0, 11, 0), (0, 13, 0))
+QWEN3_VIDEO_TOKEN_FACTOR = 12.5
+QWEN3_VIDEO_MAX_PIXELS = 25165824   # video_preprocessor_config.json size.longest_edge: t x h x w
 # --skip-mm-profiling exists from 0.10.1
 SKIP_MM_PROFILING_FROM: Version = (0, 10, 1)
 # Pixtral's dense block mask when xformers is absent: the default from 0.13.0 (not installed any more)
@@ -88,6 +98,8 @@ class VisionTower:
     merge: int = 1
     video: bool = False      # Qwen2/2.5-VL: a dummy video may outgrow the image (0.11+)
     dense_mask: bool = False  # Pixtral: a dense patches^2 mask without xformers
+    temporal: int = 1        # Qwen-VL: frames per patch
+    out_widths: int = 1      # outputs per embedding (Qwen3-VL: the embedding and its deepstack levels)
 
     def qwen_item(self, max_pixels: int | None) -> tuple[int, int]:
         """(ViT patches, embeddings) of the largest image under `max_pixels` (Qwen-VL families)."""
@@ -121,9 +133,11 @@ def vision_tower(outer: Mapping[str, Any]) -> VisionTower | None:
         merge = _int(vc, "spatial_merge_size", default=2)
         temporal = _int(vc, "temporal_patch_size", default=2)
         channels = _int(vc, "in_channels", "in_chans", "num_channels", default=3)
+        deepstack = vc.get("deepstack_visual_indexes") or ()
         tower = VisionTower(family, hidden, inter, gated=family == "qwen2_5_vl",
                             patch_pixels=channels * temporal * patch * patch, item_patches=0, item_embeds=0,
-                            patch_size=patch, merge=merge, video=family in ("qwen2_vl", "qwen2_5_vl"))
+                            patch_size=patch, merge=merge, video=True, temporal=temporal,
+                            out_widths=1 + (len(deepstack) if isinstance(deepstack, (list, tuple)) else 0))
         patches, embeds = tower.qwen_item(None)
         return VisionTower(**{**tower.__dict__, "item_patches": patches, "item_embeds": embeds})
     hidden, inter = _int(vc, "hidden_size"), _int(vc, "intermediate_size")
@@ -198,10 +212,17 @@ def encoder_profile(setup: "Setup") -> EncoderProfile | None:
     if _limit(setup, "image") > 0:
         candidates.append((embeds + (tower.item_breaks if contiguous else 0), "image", patches, embeds))
     if tower.video and _limit(setup, "video") > 0:
-        pairs = 1
-        if v >= MM_VIDEO_AT_MAX_MODEL_LEN:
-            pairs = max(1, min(QWEN_MAX_FRAMES // 2, setup.max_model_len // embeds))
-        candidates.append((pairs * embeds, "video", pairs * patches, pairs * embeds))
+        if tower.family.startswith("qwen3"):
+            if QWEN3_VIDEO_FORMATTED[0] <= v < QWEN3_VIDEO_FORMATTED[1]:
+                unit = tower.patch_size * tower.merge
+                video_embeds = QWEN3_VIDEO_MAX_PIXELS // (unit * unit * tower.temporal)
+                candidates.append((int(video_embeds * QWEN3_VIDEO_TOKEN_FACTOR), "video",
+                                   video_embeds * tower.merge * tower.merge, video_embeds))
+        else:
+            pairs = 1
+            if v >= MM_VIDEO_AT_MAX_MODEL_LEN:
+                pairs = max(1, min(QWEN_MAX_FRAMES // 2, setup.max_model_len // embeds))
+            candidates.append((pairs * embeds, "video", pairs * patches, pairs * embeds))
     if not candidates:
         return None
     # the modality with the most tokens per item; an image wins a tie (the same patches either way)
@@ -227,5 +248,5 @@ def encoder_profile(setup: "Setup") -> EncoderProfile | None:
         kept_rows = max(item_embeds, budget)
     elif MM_OUTPUTS_PADDED_TO_ITEM[0] <= v < MM_OUTPUTS_PADDED_TO_ITEM[1]:
         kept_rows = max(item_embeds, t)
-    kept = items * kept_rows * setup.model.hidden_size * b
+    kept = items * kept_rows * setup.model.hidden_size * tower.out_widths * b
     return EncoderProfile(modality, items, t, s, forward, kept)

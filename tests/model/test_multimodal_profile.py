@@ -163,3 +163,24 @@ def test_the_daemon_takes_the_servers_multimodal_flags_from_its_pod_or_labels():
     assert profile(TargetSpec(**base, labels={"skip_mm_profiling": "true"})) is None
     # an unreadable label is vLLM's default, not an error
     assert profile(TargetSpec(**base, labels={"limit_mm_per_prompt": "video"})).modality == "video"
+
+
+def test_qwen3_vl_profiles_its_video_only_in_0_11_and_0_12():
+    """Qwen3-VL's dummy video holds the video processor's pixel budget over all its frames
+    (12,288 embeddings, 49,152 patches): fewer than one image's 16,384, but 0.11.x-0.12.x counted
+    12.5 tokens per video embedding (its timestamp text), so the video won the encoder budget. A
+    public startup of Qwen3-VL-30B-A3B-Instruct on 4 x RTX 3090 at 0.11.0 (`--tensor-parallel-size
+    4 --max-model-len 65536`, the Sipeed NanoKVM-Pro "Experimental AI Agent" guide, 2025-10-06)
+    logged "Encoder cache will be initialized with a budget of 153600 tokens, and profiled with 1
+    video items"."""
+    def enc(v):
+        return encoder_profile(Setup.build("Qwen/Qwen3-VL-30B-A3B-Instruct", "RTX-3090-24GB", tp=4,
+                                           max_model_len=65536, vllm_version=v))
+    e = enc("0.11.0")
+    assert (e.modality, e.items, e.item_tokens, e.patches) == ("video", 1, 153600, 49152)
+    assert enc("0.12.0").modality == "video"
+    assert (enc("0.13.0").modality, enc("0.13.0").item_tokens) == ("image", 16384)
+    # the outputs carry three deepstack levels beside each embedding (4 x 2,048 wide), and 0.11.x
+    # padded them to the 153,600-token budget: 2.3 GiB kept through the language model's run
+    assert e.kept_bytes == 153600 * 2048 * 4 * 2
+    assert enc("0.13.0").kept_bytes == 16384 * 2048 * 4 * 2
