@@ -20,6 +20,7 @@ from rich.table import Table
 
 from exporter.commands.simulate import DUMP_STAMP
 from exporter.config import Config, TargetSpec, check_url, describe_error
+from exporter.discovery import vllm_args
 from exporter.errors import InputError, ParseError, ScrapeError
 from exporter.events import needs_more_data
 from exporter.parse import parse_vllm
@@ -89,6 +90,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     hints.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                        help="the server runs --[no-]async-scheduling (default: the release's, on from 0.14; "
                             "from 0.26 it sizes sliding-window requests for two batches in flight)")
+    hints.add_argument("--limit-mm-per-prompt", metavar="JSON",
+                       type=lambda t: _flag_value(vllm_args.mm_limits_label, t),
+                       help="the server's --limit-mm-per-prompt (a multimodal model's startup profile "
+                            "encodes what it allows)")
+    hints.add_argument("--mm-processor-kwargs", dest="mm_max_pixels", metavar="JSON",
+                       type=lambda t: _flag_value(vllm_args.mm_max_pixels, t),
+                       help="the server's --mm-processor-kwargs (its max_pixels sizes the dummy image)")
+    hints.add_argument("--skip-mm-profiling", action="store_true", default=None,
+                       help="the server runs --skip-mm-profiling")
     hints.add_argument("--ttft-slo", metavar="SECONDS", help="TTFT p99 objective (0.5, 500ms)")
     hints.add_argument("--tpot-slo", metavar="SECONDS", help="TPOT p99 objective (0.05, 50ms)")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per request (URLs)")
@@ -122,6 +132,16 @@ HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "q
               "enforce_eager": "--enforce-eager", "dp": "--data-parallel",
               "expert_parallel": "--enable-expert-parallel", "async_scheduling": "--async-scheduling"}
 SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
+# hint flags that ride along as labels (as a pod's `vllm serve` arguments do: discovery/kubernetes.py)
+LABEL_FLAGS = ("limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling")
+
+
+def _flag_value(conv: Any, text: str) -> Any:
+    """A hint read as vLLM reads the flag; argparse reports the ValueError's message (exit 2)."""
+    try:
+        return conv(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def hinted(args: argparse.Namespace) -> TargetSpec:
@@ -130,6 +150,10 @@ def hinted(args: argparse.Namespace) -> TargetSpec:
     placeholder each target replaces."""
     # a flag not given is None (store_true hints too): False is a statement (--no-async-scheduling)
     data: dict[str, Any] = {k: getattr(args, k) for k in HINT_FLAGS if getattr(args, k) is not None}
+    labels = {k: str(v).lower() if isinstance(v, bool) else str(v)
+              for k in LABEL_FLAGS if (v := getattr(args, k, None)) is not None}
+    if labels:
+        data["labels"] = labels
     slo = {k: getattr(args, flag[2:].replace("-", "_")) for k, flag in SLO_FLAGS.items()}
     if any(v is not None for v in slo.values()):
         data["slo"] = {k: v for k, v in slo.items() if v is not None}

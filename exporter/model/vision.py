@@ -45,7 +45,7 @@ families other than Llama 4 (LLaVA-NeXT, InternVL, Idefics), and --mm-encoder-tp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def vision_tower(outer: Mapping[str, Any]) -> VisionTower | None:
                             patch_size=patch, merge=merge, video=True, temporal=temporal,
                             out_widths=1 + (len(deepstack) if isinstance(deepstack, (list, tuple)) else 0))
         patches, embeds = tower.qwen_item(None)
-        return VisionTower(**{**tower.__dict__, "item_patches": patches, "item_embeds": embeds})
+        return replace(tower, item_patches=patches, item_embeds=embeds)
     hidden, inter = _int(vc, "hidden_size"), _int(vc, "intermediate_size")
     image, patch = _int(vc, "image_size"), _int(vc, "patch_size", default=14)
     if not (hidden and inter and image and patch):

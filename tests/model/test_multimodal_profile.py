@@ -184,3 +184,16 @@ def test_qwen3_vl_profiles_its_video_only_in_0_11_and_0_12():
     # padded them to the 153,600-token budget: 2.3 GiB kept through the language model's run
     assert e.kept_bytes == 153600 * 2048 * 4 * 2
     assert enc("0.13.0").kept_bytes == 16384 * 2048 * 4 * 2
+
+
+def test_scan_takes_the_multimodal_flags_as_the_pod_labels_give_them():
+    from exporter.cli import build_parser
+    from exporter.commands.scan import hinted
+    parser = build_parser()
+    spec = hinted(parser.parse_args(["scan", "x.prom", "--limit-mm-per-prompt", '{"video": 0}',
+                                     "--mm-processor-kwargs", '{"max_pixels": 1003520}', "--skip-mm-profiling"]))
+    assert spec.labels == {"limit_mm_per_prompt": "video=0", "mm_max_pixels": "1003520", "skip_mm_profiling": "true"}
+    assert hinted(parser.parse_args(["scan", "x.prom"])).labels == {}
+    bad = subprocess.run([sys.executable, "-m", "exporter", "scan", "x.prom", "--limit-mm-per-prompt", "video"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--limit-mm-per-prompt" in bad.stderr and "modality=count" in bad.stderr
