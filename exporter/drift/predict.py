@@ -29,6 +29,7 @@ from exporter.model.resolve import HubSettings, resolve_model, resolve_model_now
 from exporter.model.setup import Setup
 from exporter.model.spec_decode import ASSUMED_SPEC, SpecConfig, gain
 from exporter.model.traffic import SLO, Traffic
+from exporter.model.vision import encoder_profile
 from exporter.parse.cache_config import label_bool
 from exporter.parse.version import Version, read_version
 
@@ -318,6 +319,12 @@ def predict(res: Resolved, flags: ServerFlags, *, traffic: Mapping[str, float | 
         ratio = observed_kv_tokens / cap.tokens
         off_gib = abs(observed_kv_tokens - cap.tokens) * cap.pool_bytes_per_token / GIB
         if off_gib > MISMATCH_SHARE * setup.gpu_memory_gib:
+            smaller = _smaller_mm_profile(res.model, res.gpu, flags, observed_kv_tokens)
+            if smaller is not None:
+                flags, setup, cap, note = smaller
+                notes.append(note)
+                off_gib = 0.0
+        if off_gib > MISMATCH_SHARE * setup.gpu_memory_gib:
             # the probe of other devices never runs eager: a graph pool belongs to every GPU
             likely = _likely_gpu(res.model, replace(flags, enforce_eager=False),
                                  float(f"{observed_kv_tokens:.3g}"), res.gpu.name)
@@ -346,6 +353,39 @@ def predict(res: Resolved, flags: ServerFlags, *, traffic: Mapping[str, float | 
 # 5x ratio but no sign of another device; the calculator's memory error is a few percent of the
 # card (tests/model/test_kv_cache.py), an H100 hint on an L4 server is 60% of it.
 MISMATCH_SHARE = 0.20
+
+
+def _smaller_mm_profile(model: ModelArch, gpu: GPU, flags: ServerFlags, observed: float
+                        ) -> tuple[ServerFlags, Setup, Any, str] | None:
+    """A multimodal server whose pool is far above what vLLM's default startup profile leaves
+    (a dummy video of gigabytes, or many images) was most likely started with a smaller one
+    (`--limit-mm-per-prompt`, `--mm-processor-kwargs`, `--skip-mm-profiling`) that the daemon was
+    not told: the flags, setup, pool and a note of the smaller profile that explains the observed
+    pool within the mismatch margin, or None (then the GPU hint is what looks wrong)."""
+    if model.vision is None or flags.skip_mm_profiling:
+        return None
+    tried = []
+    for alt in (replace(flags, mm_limits=tuple(sorted({**dict(flags.mm_limits), "video": 0}.items()))),
+                replace(flags, skip_mm_profiling=True)):
+        try:
+            setup = _setup(model, gpu, alt)
+            cap = _pool(setup)
+        except InputError:
+            continue
+        if encoder_profile(setup) == encoder_profile(_setup(model, gpu, flags)) or cap.tokens <= 0:
+            continue
+        off = abs(observed - cap.tokens) * cap.pool_bytes_per_token / GIB
+        if off <= MISMATCH_SHARE * setup.gpu_memory_gib:
+            tried.append((off, alt, setup, cap))
+    if not tried:
+        return None
+    _, alt, setup, cap = min(tried, key=lambda t: t[0])
+    what = ("no dummy video (--limit-mm-per-prompt video=0?)" if alt.mm_limits != flags.mm_limits
+            else "no multimodal encoder (--skip-mm-profiling?)")
+    return alt, setup, cap, (f"the server's KV pool ({observed:,.0f} tokens) is what {gpu.name} holds with "
+                             f"{what} in vLLM's startup profile, not with the default one ({encoder_profile(_setup(model, gpu, flags)).describe()}); "
+                             f"predicted as such: give the server's multimodal flags as labels (limit_mm_per_prompt, "
+                             f"mm_max_pixels, skip_mm_profiling) to say it")
 
 
 @lru_cache(maxsize=512)

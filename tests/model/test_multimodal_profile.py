@@ -197,3 +197,25 @@ def test_scan_takes_the_multimodal_flags_as_the_pod_labels_give_them():
     bad = subprocess.run([sys.executable, "-m", "exporter", "scan", "x.prom", "--limit-mm-per-prompt", "video"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--limit-mm-per-prompt" in bad.stderr and "modality=count" in bad.stderr
+
+
+def test_the_daemon_reads_a_smaller_multimodal_profile_off_the_observed_pool():
+    """A Qwen2.5-VL server started with `--limit-mm-per-prompt '{"video": 0}'` (or
+    --skip-mm-profiling) that the daemon was not told about holds gigabytes more pool than vLLM's
+    default profile leaves: that is read as the smaller profile, not as a wrong GPU hint (which
+    would leave the server unscored). A pool no profile explains is still a GPU mismatch."""
+    from exporter.drift.predict import ServerFlags, predict, resolve_hints
+
+    res = resolve_hints([VL7], "L40S")
+    flags = ServerFlags(vllm_version=(0, 19, 0))
+    default = kv_capacity(Setup.build(VL7, "L40S", vllm_version="0.19.0")).tokens
+    no_video = kv_capacity(Setup.build(VL7, "L40S", vllm_version="0.19.0", mm_limits={"video": 0})).tokens
+    assert no_video > 1.8 * default            # ~13 GiB of a 44 GiB card
+    p = predict(res, flags, traffic={}, slo={}, prices={}, observed_kv_tokens=float(no_video) * 1.01)
+    assert p.hint_mismatch is None and p.kv_cache_tokens == pytest.approx(no_video)
+    assert any("video=0" in n for n in p.notes)
+    # the default pool needs no explanation; one twice the card's does
+    assert predict(res, flags, traffic={}, slo={}, prices={},
+                   observed_kv_tokens=float(default)).kv_cache_tokens == pytest.approx(default)
+    assert predict(res, flags, traffic={}, slo={}, prices={},
+                   observed_kv_tokens=float(no_video) * 3).hint_mismatch is not None
