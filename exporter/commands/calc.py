@@ -309,7 +309,19 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         mamba_ssm_cache_dtype=getattr(args, "mamba_ssm_cache_dtype", None),
         mm_limits=getattr(args, "limit_mm_per_prompt", None),
         skip_mm_profiling=bool(getattr(args, "skip_mm_profiling", False)),
-        mm_max_pixels=getattr(args, "mm_max_pixels", None))
+        mm_max_pixels=getattr(args, "mm_max_pixels", None),
+        flashinfer_sampler=_env_flag("VLLM_USE_FLASHINFER_SAMPLER"))
+
+
+def _env_flag(name: str) -> bool | None:
+    """A vLLM environment switch as vLLM's envs.py reads it (`bool(int(value))`), None when unset."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise InputError(f"{name}={value!r}: vLLM reads it as 0 or 1") from None
 
 
 def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
@@ -340,6 +352,10 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
     if setup.kv_cache_memory_bytes and setup.vllm_version < KV_CACHE_MEMORY_BYTES:
         notes.append(f"--kv-cache-memory-bytes: vLLM {format_version(setup.vllm_version)} may not have it "
                      f"(added in 0.10.2 by vllm PR #21489); the pool is the bytes as given")
+    if setup.flashinfer_sampler is None and setup.flashinfer_sampling:
+        notes.append(f"vLLM {format_version(setup.vllm_version)} profiles FlashInfer's sampler where FlashInfer is "
+                     f"installed (vLLM's images); a pip install without the flashinfer extra sorts the vocabulary "
+                     f"in PyTorch, a larger peak: run calc with VLLM_USE_FLASHINFER_SAMPLER=0 for it")
     enc = encoder_profile(setup)
     if enc is not None:
         notes.append(f"multimodal: vLLM's startup profile encodes {enc.describe()}, "

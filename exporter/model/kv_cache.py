@@ -31,7 +31,7 @@ from exporter.errors import InputError
 from exporter.model.architectures import (CHUNKED, FFN, FULL, LINEAR, MAMBA,
                                           QUANT_BYTES_PER_PARAM, SLIDING, ModelArch, unquantized_parts)
 from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_TORCH_BEFORE,
-                                   FLASHINFER_SAMPLER, MAMBA2_PREFILL_CHECKPOINT, MOE_CHUNK_16K_UNTIL,
+                                   MAMBA2_PREFILL_CHECKPOINT, MOE_CHUNK_16K_UNTIL,
                                    MOE_CHUNK_32K_UNTIL, PP_WHOLE_MODEL_CHECK, SMALL_SAMPLER,
                                    STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY,
                                    V1_DEVICE_WIDE_NON_TORCH_BEFORE, Setup)
@@ -381,8 +381,7 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     if stage != setup.pp - 1:
         return _with_encoder(setup, stage, forward)
     rows = min(setup.max_num_seqs, tokens)
-    small = setup.vllm_version >= SMALL_SAMPLER or (
-        not setup.v0 and FLASHINFER_SAMPLER[0] <= setup.vllm_version < FLASHINFER_SAMPLER[1])
+    small = setup.vllm_version >= SMALL_SAMPLER or setup.flashinfer_sampling
     # V0's dummy run (top_p 0.99, top_k vocab - 1) sorted the vocabulary in PyTorch like V1's native
     # top-k/top-p path, and its peak is the larger of the forward's and the sampler's (the forward's
     # activations are freed before sampling): public V0 startups log 0.90 GiB for Llama-3.2-3B on

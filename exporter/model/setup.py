@@ -38,6 +38,11 @@ SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR
 # print "Using FlashInfer for top-p & top-k sampling") until it was disabled by default (vllm PR
 # #26859, Oct 15 2025, first in 0.11.1): its profiled peak is the small sampler's
 FLASHINFER_SAMPLER = ((0, 10, 1), (0, 11, 1))
+# VLLM_USE_FLASHINFER_SAMPLER decides it where FlashInfer is installed, as vLLM reads it (unset: the
+# window above; 0: the PyTorch sort, as a `pip install vllm` without the `flashinfer` extra of
+# 0.10.1 / 0.11.0 runs: "FlashInfer is not available", public L4 and RTX 3090 logs at 0.11.0; 1: on,
+# from the release that took FlashInfer 0.2.3's API, whose sampler a 0.9.0.1 image ran)
+FLASHINFER_SAMPLER_API = (0, 9, 0)
 UTIL_092 = (0, 20, 0)           # default gpu_memory_utilization 0.9 -> 0.92 (vllm PR #38284; config/cache.py of 0.20.0)
 KV_FROM_CHECKPOINT = (0, 13, 0)  # `--kv-cache-dtype auto` follows the checkpoint's KV scheme (vllm PR #29980, merged Dec 2025) [release inferred from the merge date]
 # the CUDA-graph memory estimate subtracted from the pool: measured from 0.18.0 but applied only under
@@ -200,6 +205,19 @@ class Setup:
     mm_limits: tuple[tuple[str, int], ...] = ()
     skip_mm_profiling: bool = False
     mm_max_pixels: int | None = None
+    # VLLM_USE_FLASHINFER_SAMPLER as the server's environment sets it (None: unset, the release's
+    # default where FlashInfer is installed, FLASHINFER_SAMPLER)
+    flashinfer_sampler: bool | None = None
+
+    @property
+    def flashinfer_sampling(self) -> bool:
+        """Whether V1's dummy sampler runs FlashInfer's top-k/top-p kernel (no sort of the
+        vocabulary: the small sampler's peak)."""
+        if self.v0:
+            return False
+        if self.flashinfer_sampler is None:
+            return FLASHINFER_SAMPLER[0] <= self.vllm_version < FLASHINFER_SAMPLER[1]
+        return self.flashinfer_sampler and self.vllm_version >= FLASHINFER_SAMPLER_API
 
     @property
     def moe_ranks(self) -> int:
@@ -287,7 +305,8 @@ class Setup:
                      enable_prefix_caching=self.enable_prefix_caching,
                      async_scheduling=self.async_scheduling, mamba_cache_dtype=self.mamba_cache_dtype,
                      mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype, mm_limits=self.mm_limits,
-                     skip_mm_profiling=self.skip_mm_profiling, mm_max_pixels=self.mm_max_pixels)
+                     skip_mm_profiling=self.skip_mm_profiling, mm_max_pixels=self.mm_max_pixels,
+                     flashinfer_sampler=self.flashinfer_sampler)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -304,7 +323,8 @@ class Setup:
               async_scheduling: bool | None = None, mamba_cache_dtype: str | None = None,
               mamba_ssm_cache_dtype: str | None = None,
               mm_limits: Mapping[str, int] | tuple[tuple[str, int], ...] | None = None,
-              skip_mm_profiling: bool = False, mm_max_pixels: int | None = None) -> "Setup":
+              skip_mm_profiling: bool = False, mm_max_pixels: int | None = None,
+              flashinfer_sampler: bool | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -429,7 +449,8 @@ class Setup:
                    async_scheduling=version >= ASYNC_SCHEDULING_DEFAULT
                    if async_scheduling is None else bool(async_scheduling), **mamba,
                    mm_limits=tuple((str(m), int(c)) for m, c in limits), skip_mm_profiling=bool(skip_mm_profiling),
-                   mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None)
+                   mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None,
+                   flashinfer_sampler=None if flashinfer_sampler is None else bool(flashinfer_sampler))
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's

@@ -219,3 +219,30 @@ def test_the_daemon_reads_a_smaller_multimodal_profile_off_the_observed_pool():
                    observed_kv_tokens=float(default)).kv_cache_tokens == pytest.approx(default)
     assert predict(res, flags, traffic={}, slo={}, prices={},
                    observed_kv_tokens=float(no_video) * 3).hint_mismatch is not None
+
+
+def test_a_pip_install_without_flashinfer_is_described_by_vllms_own_switch():
+    """vLLM 0.10.1 and 0.11.0 list flashinfer-python only as the `flashinfer` extra, so a plain
+    `pip install vllm` samples in PyTorch ("FlashInfer is not available. Falling back to the
+    PyTorch-native implementation", as the 4 x RTX 3090 Qwen3-VL log says) and its dummy sampler
+    sorts the vocabulary: calc takes VLLM_USE_FLASHINFER_SAMPLER=0 for it, as vLLM does. With it
+    that startup's pool (2.31 GiB logged) is within 0.35 GiB."""
+    qwen3 = dict(model="Qwen/Qwen3-VL-30B-A3B-Instruct", gpu="RTX-3090-24GB", tp=4, max_model_len=65536,
+                 vllm_version="0.11.0")
+    native = kv_capacity(Setup.build(**qwen3, flashinfer_sampler=False))
+    assert native.memory.kv_cache_gib == pytest.approx(2.31, abs=0.35)
+    assert kv_capacity(Setup.build(**qwen3)).memory.activation_gib < native.memory.activation_gib - 0.5
+    # the switch forces FlashInfer's kernel on where the release defaults it off (0.11.1-0.16)
+    text = dict(model="Qwen/Qwen2.5-7B-Instruct", gpu="A100-80GB", max_model_len=16384)
+    assert (kv_capacity(Setup.build(**text, vllm_version="0.12.0", flashinfer_sampler=True)).memory.activation_gib
+            < kv_capacity(Setup.build(**text, vllm_version="0.12.0")).memory.activation_gib)
+
+    def calc(env):
+        import os
+        out = subprocess.run([sys.executable, "-m", "exporter", "calc", "--model", qwen3["model"], "--gpu", qwen3["gpu"],
+                              "--tp", "4", "--max-model-len", "65536", "--vllm-version", "0.11.0", "--json"],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        return out
+    assert json.loads(calc({"VLLM_USE_FLASHINFER_SAMPLER": "0"}).stdout)["kv_cache"]["tokens"] == native.tokens
+    bad = calc({"VLLM_USE_FLASHINFER_SAMPLER": "yes"})
+    assert bad.returncode == 2 and "VLLM_USE_FLASHINFER_SAMPLER" in bad.stderr
