@@ -17,7 +17,7 @@ What is modelled, read from vLLM's wheels 0.8.5-0.34 (`v1/worker/gpu_model_runne
 - items per batch: ceil(B / T) before 0.10.1, floor(B / T) from it (at least 1), capped by
   max_num_seqs x the per-prompt limit (`--limit-mm-per-prompt`, 999 by default under V1);
 - T counts the placeholder span's break and start/end tokens from 0.10.1 until 0.13.0 (embeddings
-  only before and after);
+  only before and after), and Gemma 3's in every release, as its public logs' item counts say;
 - the peak is max(encoder forward, kept outputs + the language model's dummy run), not a sum:
   the encoder's activations are freed when it returns, its outputs stay in the encoder cache;
   0.11.x pads each kept output to the encoder budget, 0.12.x to T;
@@ -96,6 +96,9 @@ class VisionTower:
     item_breaks: int = 0     # placeholder tokens beside the embeddings (row breaks, start/end)
     patch_size: int = 0      # Qwen-VL: patch and merge sizes, to resize by max_pixels
     merge: int = 1
+    # the placeholder's break tokens count toward T in every release, not only 0.10.1-0.12 (Gemma
+    # 3: 31 items at an 8,192 budget on 0.11.0rc2 and 7 at 2,048 on a 2026 build, public logs)
+    breaks_always: bool = False
     video: bool = False      # Qwen2/2.5-VL: a dummy video may outgrow the image (0.11+)
     dense_mask: bool = False  # Pixtral: a dense patches^2 mask without xformers
     temporal: int = 1        # Qwen-VL: frames per patch
@@ -150,7 +153,8 @@ def vision_tower(outer: Mapping[str, Any]) -> VisionTower | None:
         # SigLIP at 896 px, pan-and-scan off by default: 4,096 patches pooled to mm_tokens_per_image;
         # the placeholder span adds "\n\n<start_of_image>" and "<end_of_image>\n\n"
         return VisionTower(family, hidden, inter, gated=False, patch_pixels=pixels, item_patches=side * side,
-                           item_embeds=_int(outer, "mm_tokens_per_image", default=256), item_breaks=4)
+                           item_embeds=_int(outer, "mm_tokens_per_image", default=256), item_breaks=4,
+                           breaks_always=True)
     if family == "mistral3":
         # Pixtral at 1540 px: 110 x 110 patches merged 2 x 2, a break token ending each row
         merge = _int(outer, "spatial_merge_size", default=2)
@@ -210,7 +214,8 @@ def encoder_profile(setup: "Setup") -> EncoderProfile | None:
         patches, embeds = tower.qwen_item(setup.mm_max_pixels)
     candidates: list[tuple[int, str, int, int]] = []    # (T, modality, patches, embeds)
     if _limit(setup, "image") > 0:
-        candidates.append((embeds + (tower.item_breaks if contiguous else 0), "image", patches, embeds))
+        breaks = tower.item_breaks if contiguous or tower.breaks_always else 0
+        candidates.append((embeds + breaks, "image", patches, embeds))
     if tower.video and _limit(setup, "video") > 0:
         if tower.family.startswith("qwen3"):
             if QWEN3_VIDEO_FORMATTED[0] <= v < QWEN3_VIDEO_FORMATTED[1]:

@@ -246,3 +246,22 @@ def test_a_pip_install_without_flashinfer_is_described_by_vllms_own_switch():
     assert json.loads(calc({"VLLM_USE_FLASHINFER_SAMPLER": "0"}).stdout)["kv_cache"]["tokens"] == native.tokens
     bad = calc({"VLLM_USE_FLASHINFER_SAMPLER": "yes"})
     assert bad.returncode == 2 and "VLLM_USE_FLASHINFER_SAMPLER" in bad.stderr
+
+
+@pytest.mark.parametrize("model, gpu, version, flags, items", [
+    # gemma-3-27b-it on ROCm at 0.11.0rc2 (--max-model-len 4096 --limit-mm-per-prompt image=2): "Encoder
+    # cache will be initialized with a budget of 8192 tokens, and profiled with 31 image items"
+    ("google/gemma-3-27b-it", "MI300X", "0.11.0", dict(max_model_len=4096, mm_limits={"image": 2}), 31),
+    # a MedGemma-4b (Gemma 3 4B) server on an RTX 5070 Ti in 2026 (--max-model-len 4096
+    # --max-num-seqs 8): "a budget of 2048 tokens, profiled with 7 image items"
+    ("google/gemma-3-4b-it", "RTX-5070-Ti-16GB", None, dict(max_model_len=4096, max_num_seqs=8), 7),
+    # Qwen3-VL-8B with --max-num-seqs 5, --limit-mm-per-prompt image=1 and max_pixels 1003520 (1,280
+    # tokens an image): "a budget of 8192 tokens, and profiled with 5 image items" (a 2026 build)
+    ("Qwen/Qwen3-VL-8B-Instruct", "L40S", None, dict(max_model_len=4096, max_num_seqs=5, mm_limits={"image": 1},
+                                                    mm_max_pixels=1003520, max_num_batched_tokens=8192), 5),
+])
+def test_items_per_batch_as_public_logs_count_them(model, gpu, version, flags, items):
+    """Gemma 3's placeholder adds its start/end and newline tokens to the 256 embeddings (260 a
+    dummy image: 8192 // 260 = 31, 2048 // 260 = 7); the cap of max_num_seqs x the per-prompt
+    limit binds before the budget does (8192 // 1280 = 6 > 5 x 1)."""
+    assert encoder_profile(Setup.build(model, gpu, vllm_version=version, **flags)).items == items
