@@ -212,8 +212,9 @@ class Setup:
     @property
     def flashinfer_sampling(self) -> bool:
         """Whether V1's dummy sampler runs FlashInfer's top-k/top-p kernel (no sort of the
-        vocabulary: the small sampler's peak)."""
-        if self.v0:
+        vocabulary: the small sampler's peak). Only on CUDA: ROCm and the other platforms sample
+        natively (`TopKTopPSampler.__init__`: `current_platform.is_cuda()` before any FlashInfer)."""
+        if self.v0 or self.gpu.vendor != "nvidia":
             return False
         if self.flashinfer_sampler is None:
             return FLASHINFER_SAMPLER[0] <= self.vllm_version < FLASHINFER_SAMPLER[1]

@@ -265,3 +265,23 @@ def test_items_per_batch_as_public_logs_count_them(model, gpu, version, flags, i
     dummy image: 8192 // 260 = 31, 2048 // 260 = 7); the cap of max_num_seqs x the per-prompt
     limit binds before the budget does (8192 // 1280 = 6 > 5 x 1)."""
     assert encoder_profile(Setup.build(model, gpu, vllm_version=version, **flags)).items == items
+
+
+def test_gemma3_on_rocm_at_0_11_samples_natively_and_keeps_padded_outputs():
+    """gemma-3-27b-it on an AMD Instinct (ROCm; MI300X inferred from the repository's README and
+    the pool) at vLLM 0.11.0rc2, `--max-model-len 4096 --limit-mm-per-prompt image=2`
+    (github.com/TaintsAndTokenizersInc/vllm_multimodal_rocm_examples, example_logs.md): "Model
+    loading took 51.7891 GiB", 31 image items at an 8,192 budget, "Available KV cache memory:
+    109.86 GiB", "GPU KV cache size: 205,696 tokens". Three things decide it: vLLM samples
+    natively off CUDA (no FlashInfer on ROCm: the vocabulary sort of 1,024 rows x 262,208), 0.11.x
+    kept each of the 31 outputs padded to the 8,192-token budget (2.5 GiB), and the encoder's own
+    peak (3.3 GiB) is below both. Before: 215,120 (+4.6 %) with the CUDA images' FlashInfer
+    sampler assumed."""
+    setup = Setup.build("google/gemma-3-27b-it", "MI300X", vllm_version="0.11.0", max_model_len=4096,
+                        mm_limits={"image": 2})
+    assert not setup.flashinfer_sampling
+    cap = kv_capacity(setup)
+    assert cap.tokens == pytest.approx(205696, rel=0.02)
+    assert cap.memory.kv_cache_gib == pytest.approx(109.86, abs=1.0)
+    enc = encoder_profile(setup)
+    assert enc.items == 31 and enc.kept_bytes == 31 * 8192 * 5376 * 2
