@@ -99,7 +99,10 @@ class VisionTower:
     # the placeholder's break tokens count toward T in every release, not only 0.10.1-0.12 (Gemma
     # 3: 31 items at an 8,192 budget on 0.11.0rc2 and 7 at 2,048 on a 2026 build, public logs)
     breaks_always: bool = False
-    video: bool = False      # Qwen2/2.5-VL: a dummy video may outgrow the image (0.11+)
+    # how the dummy video is sized, where the model takes video: "frames" (Qwen2/2.5-VL: pairs of
+    # frames of the largest image, up to max_model_len from 0.11), "pixel_budget" (Qwen3-VL: the
+    # video processor's pixels over all frames, counted at 12.5 tokens an embedding in 0.11-0.12)
+    video: str = ""
     dense_mask: bool = False  # Pixtral: a dense patches^2 mask without xformers
     temporal: int = 1        # Qwen-VL: frames per patch
     out_widths: int = 1      # outputs per embedding (Qwen3-VL: the embedding and its deepstack levels)
@@ -139,7 +142,8 @@ def vision_tower(outer: Mapping[str, Any]) -> VisionTower | None:
         deepstack = vc.get("deepstack_visual_indexes") or ()
         tower = VisionTower(family, hidden, inter, gated=family == "qwen2_5_vl",
                             patch_pixels=channels * temporal * patch * patch, item_patches=0, item_embeds=0,
-                            patch_size=patch, merge=merge, video=True, temporal=temporal,
+                            patch_size=patch, merge=merge, temporal=temporal,
+                            video="pixel_budget" if family.startswith("qwen3") else "frames",
                             out_widths=1 + (len(deepstack) if isinstance(deepstack, (list, tuple)) else 0))
         patches, embeds = tower.qwen_item(None)
         return replace(tower, item_patches=patches, item_embeds=embeds)
@@ -216,18 +220,17 @@ def encoder_profile(setup: "Setup") -> EncoderProfile | None:
     if _limit(setup, "image") > 0:
         breaks = tower.item_breaks if contiguous or tower.breaks_always else 0
         candidates.append((embeds + breaks, "image", patches, embeds))
-    if tower.video and _limit(setup, "video") > 0:
-        if tower.family.startswith("qwen3"):
-            if QWEN3_VIDEO_FORMATTED[0] <= v < QWEN3_VIDEO_FORMATTED[1]:
-                unit = tower.patch_size * tower.merge
-                video_embeds = QWEN3_VIDEO_MAX_PIXELS // (unit * unit * tower.temporal)
-                candidates.append((int(video_embeds * QWEN3_VIDEO_TOKEN_FACTOR), "video",
-                                   video_embeds * tower.merge * tower.merge, video_embeds))
-        else:
-            pairs = 1
-            if v >= MM_VIDEO_AT_MAX_MODEL_LEN:
-                pairs = max(1, min(QWEN_MAX_FRAMES // 2, setup.max_model_len // embeds))
-            candidates.append((pairs * embeds, "video", pairs * patches, pairs * embeds))
+    if tower.video == "frames" and _limit(setup, "video") > 0:
+        pairs = 1
+        if v >= MM_VIDEO_AT_MAX_MODEL_LEN:
+            pairs = max(1, min(QWEN_MAX_FRAMES // 2, setup.max_model_len // embeds))
+        candidates.append((pairs * embeds, "video", pairs * patches, pairs * embeds))
+    if (tower.video == "pixel_budget" and _limit(setup, "video") > 0
+            and QWEN3_VIDEO_FORMATTED[0] <= v < QWEN3_VIDEO_FORMATTED[1]):
+        unit = tower.patch_size * tower.merge
+        video_embeds = QWEN3_VIDEO_MAX_PIXELS // (unit * unit * tower.temporal)
+        candidates.append((int(video_embeds * QWEN3_VIDEO_TOKEN_FACTOR), "video",
+                           video_embeds * tower.merge * tower.merge, video_embeds))
     if not candidates:
         return None
     # the modality with the most tokens per item; an image wins a tie (the same patches either way)
