@@ -364,6 +364,7 @@ def _smaller_mm_profile(model: ModelArch, gpu: GPU, flags: ServerFlags, observed
     pool within the mismatch margin, or None (then the GPU hint is what looks wrong)."""
     if model.vision is None or flags.skip_mm_profiling:
         return None
+    default = encoder_profile(_setup(model, gpu, flags))
     tried = []
     for alt in (replace(flags, mm_limits=tuple(sorted({**dict(flags.mm_limits), "video": 0}.items()))),
                 replace(flags, skip_mm_profiling=True)):
@@ -372,7 +373,7 @@ def _smaller_mm_profile(model: ModelArch, gpu: GPU, flags: ServerFlags, observed
             cap = _pool(setup)
         except InputError:
             continue
-        if encoder_profile(setup) == encoder_profile(_setup(model, gpu, flags)) or cap.tokens <= 0:
+        if default is None or encoder_profile(setup) == default or cap.tokens <= 0:
             continue
         off = abs(observed - cap.tokens) * cap.pool_bytes_per_token / GIB
         if off <= MISMATCH_SHARE * setup.gpu_memory_gib:
@@ -383,7 +384,7 @@ def _smaller_mm_profile(model: ModelArch, gpu: GPU, flags: ServerFlags, observed
     what = ("no dummy video (--limit-mm-per-prompt video=0?)" if alt.mm_limits != flags.mm_limits
             else "no multimodal encoder (--skip-mm-profiling?)")
     return alt, setup, cap, (f"the server's KV pool ({observed:,.0f} tokens) is what {gpu.name} holds with "
-                             f"{what} in vLLM's startup profile, not with the default one ({encoder_profile(_setup(model, gpu, flags)).describe()}); "
+                             f"{what} in vLLM's startup profile, not with the default one ({default.describe()}); "
                              f"predicted as such: give the server's multimodal flags as labels (limit_mm_per_prompt, "
                              f"mm_max_pixels, skip_mm_profiling) to say it")
 
