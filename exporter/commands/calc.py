@@ -83,7 +83,7 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                  "weights given with --quantization, as such deployments run; "
                                                  "otherwise auto, vLLM's own)")),
     ("engine flags", ("--gpu-memory-utilization",), dict(type=float, metavar="F", help="default: vLLM's for the version")),
-    ("engine flags", ("--kv-cache-memory-bytes",), dict(type=lambda t: _flag_value(vllm_args.token_count, t),
+    ("engine flags", ("--kv-cache-memory-bytes",), dict(type=vllm_args.flag_type(vllm_args.token_count),
                                                         metavar="BYTES", help="KV cache per GPU as given, ignoring "
                                                         "--gpu-memory-utilization (40G = 40 GiB, 40g = 40e9 bytes)")),
     ("engine flags", ("--num-gpu-blocks-override",), dict(type=int, metavar="N", help="KV cache blocks per GPU as "
@@ -105,20 +105,20 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                         "Qwen3.5), else --mamba-cache-dtype's")),
     ("engine flags", ("--enforce-eager",), dict(action="store_true", help="no CUDA graphs: no graph memory, "
                                                 "and a step waits on the host launching its kernels")),
-    ("engine flags", ("--max-model-len",), dict(type=lambda t: _flag_value(vllm_args.max_model_len, t), metavar="N",
+    ("engine flags", ("--max-model-len",), dict(type=vllm_args.flag_type(vllm_args.max_model_len), metavar="N",
                                                 help="as vLLM reads it (32k = 32,000, 32K = 32,768; auto or -1: the "
                                                      "largest the KV cache holds); default: the model's max position "
                                                      "embeddings, lowered to what fits")),
     ("engine flags", ("--max-num-seqs",), dict(type=int, metavar="N", help="default: vLLM's for the GPU and version")),
-    ("engine flags", ("--max-num-batched-tokens",), dict(type=lambda t: _flag_value(vllm_args.token_count, t),
+    ("engine flags", ("--max-num-batched-tokens",), dict(type=vllm_args.flag_type(vllm_args.token_count),
                                                          metavar="N", help="as vLLM reads it (16k, 16K); default: "
                                                                            "vLLM's for the GPU and version")),
     ("engine flags", ("--block-size",), dict(type=int, metavar="N", help="KV block size in tokens (default 16)")),
-    ("engine flags", ("--limit-mm-per-prompt",), dict(type=lambda t: _flag_value(vllm_args.mm_limits, t),
+    ("engine flags", ("--limit-mm-per-prompt",), dict(type=vllm_args.flag_type(vllm_args.mm_limits),
                                                       metavar="JSON", help="multimodal items per prompt as vLLM "
                                                       "reads it ('{\"image\": 2, \"video\": 0}' or image=2,video=0): "
                                                       "what the startup profile encodes")),
-    ("engine flags", ("--mm-processor-kwargs",), dict(type=lambda t: _flag_value(vllm_args.mm_max_pixels, t),
+    ("engine flags", ("--mm-processor-kwargs",), dict(type=vllm_args.flag_type(vllm_args.mm_max_pixels),
                                                       metavar="JSON", dest="mm_max_pixels",
                                                       help="the image processor's max_pixels (Qwen-VL: "
                                                            "'{\"max_pixels\": 1003520}'), the size of the dummy "
@@ -152,14 +152,6 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                  "(needs the [report] extra: pip install 'vllm-drift[report]')")),
     ("output", ("--json",), dict(action="store_true", help="print one JSON document")),
 ]
-
-
-def _flag_value(conv: Any, text: str) -> int:
-    """A flag value read as vLLM reads it; argparse reports the ValueError's message (exit 2)."""
-    try:
-        return conv(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -91,11 +91,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the server runs --[no-]async-scheduling (default: the release's, on from 0.14; "
                             "from 0.26 it sizes sliding-window requests for two batches in flight)")
     hints.add_argument("--limit-mm-per-prompt", metavar="JSON",
-                       type=lambda t: _flag_value(vllm_args.mm_limits_label, t),
+                       type=vllm_args.flag_type(vllm_args.mm_limits_label),
                        help="the server's --limit-mm-per-prompt (a multimodal model's startup profile "
                             "encodes what it allows)")
     hints.add_argument("--mm-processor-kwargs", dest="mm_max_pixels", metavar="JSON",
-                       type=lambda t: _flag_value(vllm_args.mm_max_pixels, t),
+                       type=vllm_args.flag_type(vllm_args.mm_max_pixels),
                        help="the server's --mm-processor-kwargs (its max_pixels sizes the dummy image)")
     hints.add_argument("--skip-mm-profiling", action="store_true", default=None,
                        help="the server runs --skip-mm-profiling")
@@ -134,14 +134,6 @@ HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "q
 SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
 # hint flags that ride along as labels (as a pod's `vllm serve` arguments do: discovery/kubernetes.py)
 LABEL_FLAGS = ("limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling")
-
-
-def _flag_value(conv: Any, text: str) -> Any:
-    """A hint read as vLLM reads the flag; argparse reports the ValueError's message (exit 2)."""
-    try:
-        return conv(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def hinted(args: argparse.Namespace) -> TargetSpec:

@@ -11,10 +11,11 @@ as `--model X` or as the positional of `vllm serve X`, and a shell wrapper
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shlex
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # vLLM's human-readable token counts (`--max-num-batched-tokens 16k`, `--max-model-len 32K`):
 # a lower-case suffix multiplies by a power of 1000 and takes decimals (25.6k = 25,600), an
@@ -101,6 +102,17 @@ def mm_max_pixels(text: str) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         raise ValueError(f"max_pixels {value!r} is not a number of pixels") from None
+
+
+def flag_type(conv: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`conv` as an argparse `type=`: a flag value read as vLLM reads it, its ValueError reported
+    by argparse naming the flag (exit 2). Shared by the commands that take vLLM's flags."""
+    def read(text: str) -> Any:
+        try:
+            return conv(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return read
 
 
 def mm_limits_label(text: str) -> str:

@@ -532,7 +532,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True, allow_no_pool: bool = 
             f"activation {_gib(a)} + non-torch {_gib(nt)} + CUDA graphs {_gib(cg)} GiB in the "
             f"{_gib(total)} GiB of {setup.gpu.name} (vLLM would run out of memory allocating it); "
             f"the most is about {_gib(total - (w + a + nt + cg))} GiB")
-    if avail <= 0 and (check_fits or override or not allow_no_pool):
+    if avail <= 0 and (check_fits or not allow_no_pool):
         raise InputError(
             f"no memory left for the KV cache: weights {_gib(w)} + activation {_gib(a)} + "
             f"non-torch {_gib(nt)} + CUDA graphs {_gib(cg)} GiB exceed the {_gib(requested)} GiB "

@@ -428,9 +428,9 @@ class Setup:
             if name not in MAMBA_DTYPES:
                 raise InputError(f"--{flag.replace('_', '-')}: unknown {value!r}; one of {', '.join(MAMBA_DTYPES)}")
             mamba[flag] = name
-        limits = tuple(sorted(dict(mm_limits or {}).items()))
+        limits = tuple(sorted((str(m), int(c)) for m, c in dict(mm_limits or {}).items()))
         for modality, count in limits:
-            if int(count) < 0:
+            if count < 0:
                 raise InputError(f"--limit-mm-per-prompt: {modality} must be >= 0 (got {count})")
         if mm_max_pixels is not None and mm_max_pixels < 1:
             raise InputError(f"--mm-processor-kwargs: max_pixels must be positive (got {mm_max_pixels})")
@@ -449,7 +449,7 @@ class Setup:
                    if enable_prefix_caching is None else bool(enable_prefix_caching),
                    async_scheduling=version >= ASYNC_SCHEDULING_DEFAULT
                    if async_scheduling is None else bool(async_scheduling), **mamba,
-                   mm_limits=tuple((str(m), int(c)) for m, c in limits), skip_mm_profiling=bool(skip_mm_profiling),
+                   mm_limits=limits, skip_mm_profiling=bool(skip_mm_profiling),
                    mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None,
                    flashinfer_sampler=None if flashinfer_sampler is None else bool(flashinfer_sampler))
 
