@@ -5,8 +5,10 @@ servers on 127.0.0.1; daemons.py: the daemon, simulator and Prometheus as subpro
 waits; kube_api_server.py; promql.py) import by bare name."""
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -27,6 +29,7 @@ sys.path.insert(0, str(TESTS / "helpers"))
 # empty cache and a Hub endpoint on a closed loopback port (no test depends on the host's cache,
 # none leaves 127.0.0.1). Tests that want a cache or a hub pass their own (tests/helpers/fake_hub.py).
 os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="vllm-drift-empty-hf-cache-")
+atexit.register(shutil.rmtree, os.environ["HF_HUB_CACHE"], ignore_errors=True)  # gone with the session
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 # huggingface_hub reads HF_HUB_OFFLINE once, at its import, and the package loads it only on the
 # first model the catalog does not know: load it here, before a test sets the variable, or the
