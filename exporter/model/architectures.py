@@ -147,6 +147,10 @@ class ModelArch:
     # latent, and its own projections (deepseek_v2.py Indexer)
     indexer_head_dim: int = 0
     indexer_heads: int = 0
+    # multi-token-prediction layers the checkpoint carries beside the decoder (config.json's
+    # num_nextn_predict_layers: DeepSeek-V3, GLM, MiMo): loaded only as `--speculative-config`'s
+    # mtp drafter (drafter.py); vLLM skips their weights otherwise
+    mtp_layers: int = 0
     # per-layer attention kind (FULL, SLIDING, CHUNKED, MAMBA, LINEAR, FFN), length num_layers
     layer_types: tuple[str, ...] = ()
     sliding_window: int = 0
@@ -1406,6 +1410,7 @@ def _arch_from_config(config: Mapping[str, Any], *, name: str, where: str,
         q_lora_rank=int(cfg.get("q_lora_rank") or 0),
         indexer_head_dim=int(cfg.get("index_head_dim") or 128) if indexer else 0,
         indexer_heads=int(cfg.get("index_n_heads") or 64) if indexer else 0,
+        mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
         layer_types=types, kind_shapes=shapes, kv_shared_layers=kv_shared,
         # Cohere2-MoE's sliding layers see one token more than the config says (cohere2_moe.py:
         # per_layer_sliding_window = sliding_window + 1)
