@@ -36,6 +36,7 @@ from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_T
                                    STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY,
                                    V1_DEVICE_WIDE_NON_TORCH_BEFORE, Setup)
 from exporter.model.vision import SKIP_MM_PROFILING_FROM, encoder_profile
+from exporter.model import drafter
 from exporter.parse.version import format_version
 
 GIB = 1024**3
@@ -164,7 +165,8 @@ def bytes_per_token(setup: Setup) -> int:
                  if t not in (MAMBA, LINEAR)]
     if not per_layer:
         return 0
-    return sum(per_layer) * math.ceil(len(per_layer) / setup.pp) // len(per_layer)
+    return (sum(per_layer) * math.ceil(len(per_layer) / setup.pp) // len(per_layer)
+            + drafter.kv_token_bytes(setup))
 
 
 def _max_tokens_per_layer(setup: Setup, kind: str) -> int:
@@ -199,6 +201,10 @@ def kv_groups(setup: Setup) -> _Groups:
     ratio is not whole (unify_kv_cache_spec_page_size)."""
     m = setup.model
     types = m.cache_layer_types       # MLP-only and KV-shared layers hold no cache
+    if setup.speculative is not None and drafter.draft_layers(setup) and drafter.same_page_as_target(setup):
+        # the drafter's attention layers (an EAGLE head's, the MTP layers) are full-attention
+        # layers of the target's page in the same pool (drafter.py)
+        types = types + (FULL,) * drafter.draft_layers(setup)
     if setup.v0:  # V0 had no hybrid allocator: every attention layer is sized for full context
         types = tuple(FULL if t in (SLIDING, CHUNKED) else t for t in types)
     counts = Counter(types)
@@ -497,14 +503,17 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True, allow_no_pool: bool = 
     stages = _stage_layers(setup.model.num_layers, setup.pp)
     best = None
     least_avail = math.inf
+    draft_w = drafter.weight_bytes(setup)
+    draft_page = _draft_page(setup, groups)
     for stage in range(setup.pp):
-        w = weights_bytes(setup, stage)
+        w = weights_bytes(setup, stage) + (draft_w if stage == setup.pp - 1 else 0.0)
         a = activation_bytes(setup, stage)
         nt = non_torch_bytes(setup)
         cg = cudagraph_bytes(setup)
         layers_here = math.ceil(groups.group_size * stages[stage] / setup.model.num_layers)
         # one block's bytes on this rank: a page per layer it holds (V0: per attention layer)
         block_bytes = groups.page_bytes * max(1, stages[stage] * _attn_share(setup) if setup.v0 else layers_here)
+        block_bytes += draft_page if stage == setup.pp - 1 else 0
         if override:
             blocks, avail = override, float(override * block_bytes)
         else:
@@ -569,13 +578,13 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True, allow_no_pool: bool = 
                f"stage holds {_gib(per_request * groups.page_bytes * stage_layers)} GiB of it)")
     if check_fits and per_request > fit_blocks:
         largest = largest_max_model_len(setup, fit_blocks, groups)
-        need = per_request * groups.page_bytes * fit_layers
+        need = per_request * (groups.page_bytes * fit_layers + draft_page)
         raise InputError(
             f"max_model_len {setup.max_model_len} does not fit: one request needs "
             f"{_gib(need)} GiB of KV cache but only {_gib(fit_avail)} GiB is available per GPU{why}; "
             f"the estimated maximum model length is {largest} (lower --max-model-len, raise "
             f"--gpu-memory-utilization or use more GPUs)")
-    kv_gib = blocks * groups.page_bytes * stage_layers / GIB
+    kv_gib = blocks * (groups.page_bytes * stage_layers + draft_page) / GIB
     return KVCapacity(
         bytes_per_token=bytes_per_token(setup), tokens=int(tokens), gpu_blocks=int(blocks),
         max_concurrency=max_conc,
@@ -598,6 +607,19 @@ def _encoder_advice(setup: Setup, activation: float) -> str:
             f"(shrink it with {' or '.join(f for f in fixes if f)})")
 
 
+def _draft_page(setup: Setup, groups: _Groups) -> int:
+    """Bytes a draft model's layers take in every block beside the target's pages, where their
+    pages differ from the target's (vLLM's UniformTypeKVCacheSpecs: one group, the layers' pages
+    summed); 0 without a drafter and where its layers joined the target's group (`kv_groups`)."""
+    if setup.speculative is None or not drafter.draft_layers(setup) or drafter.same_page_as_target(setup):
+        return 0
+    if len(groups.kinds) > 1:
+        raise InputError(f"--speculative-config: a drafter whose layers' KV pages differ from the "
+                         f"target's is not modelled for a hybrid model ({setup.model.name}); vLLM "
+                         f"groups such layers by page size")
+    return groups.block_size * drafter.kv_token_bytes(setup)
+
+
 def capacity_from_pool(setup: Setup, pool_bytes: float) -> tuple[int, int, float]:
     """(logged tokens, num_blocks, max concurrency) for a known KV pool on every rank, e.g. the
     "Available KV cache memory" a startup log printed: the page arithmetic alone, no fitting."""
@@ -607,7 +629,7 @@ def capacity_from_pool(setup: Setup, pool_bytes: float) -> tuple[int, int, float
         blocks = int(pool_bytes // (groups.page_bytes * max(1, math.ceil(setup.model.num_layers / setup.pp)
                                                             * _attn_share(setup))))
         return blocks * groups.block_size, blocks, blocks / blocks_per_request(setup, groups)
-    blocks = int(pool_bytes // groups.page_bytes // max(1, layers))
+    blocks = int(pool_bytes // (groups.page_bytes * max(1, layers) + _draft_page(setup, groups)))
     conc = blocks / blocks_per_request(setup, groups)
     if setup.vllm_version < TOKENS_FROM_CONCURRENCY:
         return blocks // len(groups.kinds) * groups.block_size, blocks, conc

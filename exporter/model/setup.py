@@ -15,6 +15,8 @@ from exporter.parse.version import Version, format_version, read_version
 from exporter.model.architectures import (DTYPE_BYTES, ModelArch, normalize_quantization,
                                           resolve_model)
 from exporter.model.gpus import GPU, resolve_gpu
+from exporter.model import drafter
+from exporter.model.drafter import Speculative
 
 # Version milestones (vLLM releases) that change capacity accounting. Sources:
 # ../shared/reference/perf-model.md section 1.1 "Version history".
@@ -208,6 +210,9 @@ class Setup:
     # VLLM_USE_FLASHINFER_SAMPLER as the server's environment sets it (None: unset, the release's
     # default where FlashInfer is installed, FLASHINFER_SAMPLER)
     flashinfer_sampler: bool | None = None
+    # --speculative-config: the drafter whose weights and KV pages the pool pays for (drafter.py);
+    # None without speculative decoding
+    speculative: Speculative | None = None
 
     @property
     def flashinfer_sampling(self) -> bool:
@@ -307,7 +312,7 @@ class Setup:
                      async_scheduling=self.async_scheduling, mamba_cache_dtype=self.mamba_cache_dtype,
                      mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype, mm_limits=self.mm_limits,
                      skip_mm_profiling=self.skip_mm_profiling, mm_max_pixels=self.mm_max_pixels,
-                     flashinfer_sampler=self.flashinfer_sampler)
+                     flashinfer_sampler=self.flashinfer_sampler, speculative_config=self.speculative)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -325,7 +330,8 @@ class Setup:
               mamba_ssm_cache_dtype: str | None = None,
               mm_limits: Mapping[str, int] | tuple[tuple[str, int], ...] | None = None,
               skip_mm_profiling: bool = False, mm_max_pixels: int | None = None,
-              flashinfer_sampler: bool | None = None) -> "Setup":
+              flashinfer_sampler: bool | None = None,
+              speculative_config: "str | Mapping | Speculative | None" = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -434,6 +440,11 @@ class Setup:
                 raise InputError(f"--limit-mm-per-prompt: {modality} must be >= 0 (got {count})")
         if mm_max_pixels is not None and mm_max_pixels < 1:
             raise InputError(f"--mm-processor-kwargs: max_pixels must be positive (got {mm_max_pixels})")
+        spec = None
+        if speculative_config is not None:
+            spec, draft_tp = (speculative_config, None) if isinstance(speculative_config, Speculative) \
+                else drafter.from_flag(speculative_config, arch, resolve=_catalog_draft)
+            drafter.validate(spec, arch, tp=int(tp), pp=int(pp), v0=v0, version=version, draft_tp=draft_tp)
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
@@ -451,7 +462,8 @@ class Setup:
                    if async_scheduling is None else bool(async_scheduling), **mamba,
                    mm_limits=limits, skip_mm_profiling=bool(skip_mm_profiling),
                    mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None,
-                   flashinfer_sampler=None if flashinfer_sampler is None else bool(flashinfer_sampler))
+                   flashinfer_sampler=None if flashinfer_sampler is None else bool(flashinfer_sampler),
+                   speculative=spec)
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's
@@ -551,3 +563,12 @@ def _resolve_kv_dtype(kv: str, arch: ModelArch, version: Version, quant: str | N
 def make_setup(model: str | ModelArch, gpu: str | GPU, **kwargs) -> Setup:
     """Functional spelling of `Setup.build`."""
     return Setup.build(model, gpu, **kwargs)
+
+
+def _catalog_draft(name: str) -> ModelArch | None:
+    """A draft model named in --speculative-config, from the built-in catalog (calc and the
+    daemon pass a Speculative resolved through the full chain instead)."""
+    try:
+        return resolve_model(name)
+    except InputError:
+        return None

@@ -1,0 +1,308 @@
+"""The memory a speculative-decoding drafter takes: `--speculative-config` as vLLM reads it.
+
+vLLM's V1 engine loads the drafter in the model runner's `load_model`, before the startup
+profile, so its weights are part of "Model loading took"; its attention layers register in the
+same forward context as the target's, so `get_kv_cache_spec` gives them pages in the one KV pool
+and every block pays for them (v1/spec_decode/eagle.py `load_model`: the draft layers are the
+Attention layers the target did not have). Read in vLLM's wheels 0.11.0, 0.13.0 and 0.15.0:
+
+- `ngram` (prompt lookup, also `[ngram]`, `suffix`): no weights, no cache.
+- `eagle`: `num_hidden_layers` (1) Llama decoder layers of the head's own width, an `fc` of
+  2 x hidden -> hidden (torch.nn.Linear: whole on every rank); the embedding and the lm_head are
+  the target's (llama_eagle.py; EagleProposer shares embed_tokens when the shapes match and takes
+  the target's lm_head).
+- `eagle3`: as eagle, but the layer's qkv_proj reads 2 x hidden, `fc` is 3 x hidden -> hidden,
+  and the head keeps its own lm_head of `draft_vocab_size` rows unless it has the target's shape
+  (llama_eagle3.py). The EAGLE-3 heads published for Llama 3.x and Qwen3 use a 32,000-token
+  draft vocabulary: the default here when the head's config.json is not readable.
+- `mtp` (deepseek_mtp, glm4_moe_mtp, mimo_mtp, ... all renamed `mtp`): the target checkpoint's
+  own `num_nextn_predict_layers` extra layers, each a full decoder layer of the target (an MoE
+  layer where the target's last layers are), in the target's weight scheme, plus `eh_proj`
+  (2 x hidden -> hidden, whole on every rank) and a `shared_head` lm_head of the target's
+  vocabulary (deepseek_mtp.py); the embedding is shared.
+- `draft_model` (a separate smaller model, V1 from 0.15.0; 0.14 and earlier refuse it with "not
+  supported yet"): the draft model whole, its own embedding and lm_head, at the target's TP
+  (vLLM 0.15 refuses another draft TP), its layers' pages beside the target's.
+
+Not modelled: the drafter's own dummy run in the profile (one layer after the target's forward,
+under the target's peak), its CUDA graphs, and pipeline parallelism (the drafter runs on the last
+stage only). Pure: the draft model's architecture is resolved by `Setup.build`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from exporter.errors import InputError
+from exporter.model.architectures import FULL, ModelArch
+
+if TYPE_CHECKING:   # setup imports this module
+    from exporter.model.setup import Setup
+
+METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
+# vLLM's names that mean MTP (MTP_MODEL_TYPES, "deprecated and replaced with mtp")
+MTP_ALIASES = ("deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp", "qwen3_next_mtp",
+               "longcat_flash_mtp", "mtp")
+NGRAM_ALIASES = ("ngram", "[ngram]", "suffix")
+# the draft vocabulary of the EAGLE-3 heads published for Llama 3.x / Qwen3 (their config.json's
+# draft_vocab_size), when the head's own config is not readable
+EAGLE3_DRAFT_VOCAB = 32000
+DRAFT_MODEL_FROM = (0, 15, 0)     # v1/spec_decode/draft_model.py first ships in the 0.15.0 wheel
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """A parsed `--speculative-config`: the method, the tokens drafted per step, and the draft
+    architecture where it has its own (`draft`: an EAGLE head's or a draft model's config.json,
+    None when the head is derived from the target's dimensions)."""
+
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None
+    draft: ModelArch | None = None
+    draft_vocab_size: int | None = None      # EAGLE-3: the head's lm_head rows
+    draft_quantization: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        what = f"{self.method}, {self.num_speculative_tokens} tokens"
+        return what + (f", {self.model}" if self.model else "")
+
+
+def parse_flag(text: str | Mapping[str, Any]) -> dict[str, Any]:
+    """`--speculative-config` as vLLM takes it: a JSON object (its keys: method, model,
+    num_speculative_tokens, draft_tensor_parallel_size, quantization, ...)."""
+    if isinstance(text, Mapping):
+        return dict(text)
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"--speculative-config: not a JSON object ({exc}); e.g. "
+                         "'{\"method\": \"eagle3\", \"model\": \"<head>\", \"num_speculative_tokens\": 3}'") from None
+    if not isinstance(value, dict):
+        raise InputError(f"--speculative-config: a JSON object expected, got {type(value).__name__}")
+    return value
+
+
+def method_of(cfg: Mapping[str, Any], target: ModelArch, draft: ModelArch | None) -> str:
+    """vLLM's detection (config/speculative.py `__post_init__`): a method given wins (MTP's
+    model-type names become mtp, ngram's spellings ngram); else by the draft model's name
+    ("eagle-" -> eagle, "eagle3" -> eagle3), an MTP model type, or a separate draft model."""
+    method = str(cfg.get("method") or "").strip().lower() or None
+    model = cfg.get("model")
+    if method in MTP_ALIASES:
+        return "mtp"
+    if method in NGRAM_ALIASES or (method is None and str(model or "").lower() in NGRAM_ALIASES):
+        return "ngram"
+    if method in ("eagle", "eagle3", "draft_model"):
+        return method
+    if method is not None:
+        raise InputError(f"--speculative-config: method {method!r} is not modelled; one of "
+                         f"{', '.join(METHODS)} (and vLLM's MTP names: {', '.join(MTP_ALIASES[:-1])})")
+    if model is None:
+        raise InputError("--speculative-config: num_speculative_tokens was provided but without a "
+                         "speculative model or method (vLLM refuses this too)")
+    name = str(model).lower()
+    if "eagle-" in name:
+        return "eagle"
+    if "eagle3" in name:
+        return "eagle3"
+    if model == target.name or (draft is not None and draft.model_type.endswith("_mtp")):
+        return "mtp"
+    return "draft_model"
+
+
+def from_flag(flag: str | Mapping[str, Any], target: ModelArch,
+              resolve: Callable[[str], ModelArch | None] | None = None) -> tuple[Speculative, int | None]:
+    """A `--speculative-config` read against its target, and the draft TP it asks for.
+    `resolve(name)` gives the draft's architecture where one is known (calc passes the model
+    resolver: a local config.json, the HF cache, the Hub, the catalog); an EAGLE head's is taken
+    only from its own config.json, never from a catalog model of a similar name."""
+    cfg = parse_flag(flag)
+    try:
+        k = int(cfg.get("num_speculative_tokens") or 0)
+        draft_tp = int(cfg["draft_tensor_parallel_size"]) if cfg.get("draft_tensor_parallel_size") else None
+    except (TypeError, ValueError):
+        raise InputError("--speculative-config: num_speculative_tokens and draft_tensor_parallel_size "
+                         "must be integers") from None
+    model = cfg.get("model")
+    model = str(model) if model is not None else None
+    notes: list[str] = []
+    draft: ModelArch | None = None
+    method = method_of(cfg, target, None)
+    head_cfg: Mapping[str, Any] = {}
+    if method == "draft_model" and model and resolve is not None:
+        draft = resolve(model)
+    elif method in ("eagle", "eagle3") and model:
+        draft, head_cfg = _own_config(model)
+    vocab = None
+    if method == "eagle3":
+        vocab = int(cfg.get("draft_vocab_size") or head_cfg.get("draft_vocab_size") or 0) or None
+        if draft is not None:
+            vocab = vocab or draft.vocab_size    # vLLM: the base vocabulary when the head names none
+        if vocab is None:
+            notes.append(f"EAGLE-3 head {model or ''} read as one layer of the target's width with its "
+                         f"own {EAGLE3_DRAFT_VOCAB:,}-token lm_head (the published heads' draft_vocab_size); "
+                         "give its config.json path as model for its own")
+    elif method == "eagle" and draft is None:
+        notes.append(f"EAGLE head {model or ''} read as one layer of the target's width sharing its "
+                     "embedding and lm_head; give its config.json path as model for its own")
+    quant = cfg.get("quantization") or (draft.quantization if draft is not None else None)
+    return Speculative(method=method, num_speculative_tokens=k, model=model, draft=draft,
+                       draft_vocab_size=vocab, draft_quantization=quant, notes=tuple(notes)), draft_tp
+
+
+def _own_config(name: str) -> tuple[ModelArch | None, Mapping[str, Any]]:
+    """An EAGLE head's own config.json (its architecture and its raw keys), when `name` is a
+    local directory or file holding one."""
+    from pathlib import Path
+
+    from exporter.model.architectures import load_hf_config
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        return None, {}
+    arch = load_hf_config(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:   # load_hf_config has read it already
+        raw = {}
+    return arch, raw if isinstance(raw, dict) else {}
+
+
+def validate(spec: Speculative, target: ModelArch, *, tp: int, pp: int, v0: bool,
+             version: tuple[int, int, int], draft_tp: int | None) -> None:
+    """What vLLM refuses at startup, as an InputError naming the key."""
+    if spec.num_speculative_tokens < 1:
+        raise InputError(f"--speculative-config: num_speculative_tokens must be >= 1 "
+                         f"(got {spec.num_speculative_tokens})")
+    if spec.method == "ngram":
+        return
+    if v0:
+        raise InputError("--speculative-config: the drafter's memory is modelled for vLLM's V1 engine "
+                         "(0.8 and later on this GPU); the V0 engine ran it as a separate worker")
+    if pp > 1:
+        raise InputError("--speculative-config with pipeline parallelism is not modelled (the drafter "
+                         "runs on the last stage only)")
+    if spec.method == "mtp" and target.mtp_layers < 1:
+        raise InputError(f"--speculative-config: method mtp needs the checkpoint's own MTP layers, and "
+                         f"{target.name}'s config has no num_nextn_predict_layers")
+    if spec.method in ("eagle", "eagle3") and spec.draft is None and target.attention == "mla":
+        raise InputError(f"--speculative-config: an EAGLE head for {target.name} (MLA attention) is not "
+                         "derived from the target's dimensions; give the head's config.json as `model` "
+                         "(a local path) or use method mtp")
+    if spec.method == "draft_model":
+        if version < DRAFT_MODEL_FROM:
+            raise InputError(f"--speculative-config: a separate draft model is not supported by vLLM "
+                             f"{'.'.join(map(str, version))} (\"Speculative decoding with draft model is "
+                             f"not supported yet\"; V1 runs it from 0.15.0)")
+        if spec.draft is None:
+            raise InputError(f"--speculative-config: draft model {spec.model!r} could not be resolved")
+        if draft_tp not in (None, tp):
+            raise InputError(f"--speculative-config: draft_tensor_parallel_size {draft_tp} != "
+                             f"tensor_parallel_size {tp} (vLLM 0.15 refuses a draft model at another TP)")
+        if spec.draft.vocab_size != target.vocab_size:
+            raise InputError(f"--speculative-config: draft model {spec.model!r} has a vocabulary of "
+                             f"{spec.draft.vocab_size}, the target {target.vocab_size} (vLLM requires them equal)")
+
+
+def _layers_only(arch: ModelArch, n: int, *, moe: bool) -> ModelArch:
+    """`n` decoder layers of `arch`'s shape (full attention; MoE when `moe`) and nothing beside
+    them: no embedding, lm_head, rotary cache, tower or checkpoint byte count."""
+    return replace(arch, num_layers=n, layer_types=(FULL,) * n if arch.layer_types else (),
+                   moe_layers=tuple(range(n)) if moe else (), mlp_widths=(), mixer_only_layers=(),
+                   kv_shared_layers=0, parallel_mixers=False, state=None, vocab_size=0,
+                   tie_word_embeddings=True, rope_cache_elements=0, rotary_dim=0, extra_params=0,
+                   vision=None, ple_width=0, ple_vocab=0, altup_inputs=0, laurel_rank=0,
+                   weights=None, mtp_layers=0,
+                   **({} if moe else dict(num_experts=0, experts_per_token=0)))
+
+
+def _head_arch(setup: "Setup") -> ModelArch:
+    """The EAGLE head's decoder layers: the head's own config, or one Llama layer of the target's
+    width (dense: the target's intermediate_size)."""
+    spec = setup.speculative
+    if spec.draft is not None:
+        return _layers_only(spec.draft, spec.draft.num_layers, moe=False)
+    return _layers_only(setup.model, 1, moe=False)
+
+
+def _padded_vocab(vocab: int, tp: int) -> int:
+    return math.ceil(vocab / (64 * tp)) * 64 * tp
+
+
+def weight_bytes(setup: "Setup") -> float:
+    """Bytes the drafter adds to one rank's weights (0 without one, and for ngram)."""
+    from exporter.model import kv_cache   # kv_cache imports setup, which imports this module
+
+    spec = setup.speculative
+    if spec is None or spec.method == "ngram":
+        return 0.0
+    m, tp, native = setup.model, setup.tp, setup.dtype_bytes
+    h = m.hidden_size
+    if spec.method == "draft_model":
+        draft = setup.rebuilt(model=spec.draft, quantization=spec.draft_quantization,
+                              speculative_config=None, pp=1)
+        return kv_cache.weights_bytes(draft)
+    if spec.method == "mtp":
+        layers = _layers_only(m, m.mtp_layers, moe=m.is_moe)
+        body = kv_cache.weights_bytes(replace(setup, model=layers, speculative=None))
+        # per MTP layer: eh_proj (nn.Linear, whole), the shared head (ParallelLMHead, split)
+        return body + m.mtp_layers * (2 * h * h + _padded_vocab(m.vocab_size, tp) * h / tp) * native
+    head = _head_arch(setup)
+    body = kv_cache.weights_bytes(replace(setup, model=head, speculative=None, quantization=None))
+    if spec.method == "eagle3":
+        # qkv_proj reads 2 x hidden: the q, k, v rows of the input doubled, split over TP
+        qkv = head.hidden_size * (head.num_heads + 2 * head.num_kv_heads) * head.head_dim
+        body += head.num_layers * qkv * native / tp
+        fc = 3 * head.hidden_size * head.hidden_size
+        vocab = spec.draft_vocab_size or EAGLE3_DRAFT_VOCAB
+        lm_head = 0.0 if vocab == m.vocab_size and head.hidden_size == h else \
+            _padded_vocab(vocab, tp) * head.hidden_size / tp
+        return body + (fc + lm_head) * native
+    return body + 2 * head.hidden_size * head.hidden_size * native
+
+
+def kv_token_bytes(setup: "Setup") -> int:
+    """KV bytes one token takes in the drafter's layers on one rank (their pages sit in every
+    block beside the target's)."""
+    from exporter.model import kv_cache
+
+    spec = setup.speculative
+    if spec is None or spec.method == "ngram":
+        return 0
+    if spec.method == "draft_model":
+        draft = replace(setup, model=spec.draft, speculative=None, pp=1)
+        return kv_cache.bytes_per_token(draft)
+    if spec.method == "mtp":
+        return setup.model.mtp_layers * kv_cache.token_bytes_per_layer(replace(setup, speculative=None))
+    head = _head_arch(setup)
+    return head.num_layers * kv_cache.token_bytes_per_layer(replace(setup, model=head, speculative=None))
+
+
+def same_page_as_target(setup: "Setup") -> bool:
+    """The drafter's layers are full-attention layers of the target's page: they join the
+    target's full-attention group (what a hybrid target needs to be modelled)."""
+    from exporter.model import kv_cache
+
+    spec = setup.speculative
+    per = kv_cache.token_bytes_per_layer(replace(setup, speculative=None))
+    layers = {"mtp": setup.model.mtp_layers}.get(spec.method) or \
+        (_head_arch(setup).num_layers if spec.method in ("eagle", "eagle3") else 0)
+    return layers > 0 and kv_token_bytes(setup) == layers * per
+
+
+def draft_layers(setup: "Setup") -> int:
+    """Attention layers the drafter adds to the KV pool."""
+    spec = setup.speculative
+    if spec is None or spec.method == "ngram":
+        return 0
+    if spec.method == "mtp":
+        return setup.model.mtp_layers
+    if spec.method == "draft_model":
+        return spec.draft.attention_layers
+    return _head_arch(setup).num_layers
