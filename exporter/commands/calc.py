@@ -20,6 +20,7 @@ from typing import Any
 
 from exporter.discovery import vllm_args
 from exporter.errors import CatalogError, InputError
+from exporter.model import drafter
 from exporter.model.calibrate import choose_kv_cache, fit_setup as fit_calibration, read_rows
 from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
@@ -125,6 +126,11 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                            "image the startup profile encodes")),
     ("engine flags", ("--skip-mm-profiling",), dict(action="store_true", help="no multimodal encoder in the "
                                                     "startup profile (from vLLM 0.10.1)")),
+    ("engine flags", ("--speculative-config",), dict(metavar="JSON", help="speculative decoding as vLLM reads it "
+                                                     "('{\"method\": \"eagle3\", \"model\": \"<head>\", "
+                                                     "\"num_speculative_tokens\": 3}'; ngram, eagle, eagle3, mtp, "
+                                                     "a draft model): the drafter's weights and KV pages, and its "
+                                                     "tokens for the latency")),
     ("traffic", ("--profile",), dict(metavar="NAME", help="workload preset: " + ", ".join(profiles())
                                      + " (any traffic/SLO flag overrides it; --list-profiles)")),
     ("traffic", ("--list-profiles",), dict(action="store_true", help="print the workload presets and exit")),
@@ -302,7 +308,27 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         mm_limits=getattr(args, "limit_mm_per_prompt", None),
         skip_mm_profiling=bool(getattr(args, "skip_mm_profiling", False)),
         mm_max_pixels=getattr(args, "mm_max_pixels", None),
-        flashinfer_sampler=_env_flag("VLLM_USE_FLASHINFER_SAMPLER"))
+        flashinfer_sampler=_env_flag("VLLM_USE_FLASHINFER_SAMPLER"),
+        speculative_config=_speculative(args, arch))
+
+
+def _speculative(args: argparse.Namespace, arch):
+    """`--speculative-config` read against the target, a draft model resolved like --model."""
+    flag = getattr(args, "speculative_config", None)
+    if not flag:
+        return None
+    from exporter.model.resolve import resolve_model
+
+    def draft(name: str):
+        try:
+            return resolve_model(name).arch
+        except CatalogError as exc:
+            raise InputError(f"--speculative-config: draft model {name!r}: {exc}") from None
+    spec, draft_tp = drafter.from_flag(flag, arch, resolve=draft)
+    if draft_tp not in (None, args.tp) and spec.method == "draft_model":
+        raise InputError(f"--speculative-config: draft_tensor_parallel_size {draft_tp} != --tp {args.tp} "
+                         "(vLLM 0.15 refuses a draft model at another TP)")
+    return spec
 
 
 def _env_flag(name: str) -> bool | None:
@@ -396,6 +422,13 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "async_scheduling": setup.async_scheduling,
             "mamba_cache_dtype": setup.mamba_cache_dtype, "mamba_ssm_cache_dtype": setup.mamba_ssm_cache_dtype,
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
+            **({"speculative": {"method": setup.speculative.method,
+                                "num_speculative_tokens": setup.speculative.num_speculative_tokens,
+                                "model": setup.speculative.model,
+                                "draft_layers": drafter.draft_layers(setup),
+                                "draft_kv_bytes_per_token": drafter.kv_token_bytes(setup),
+                                "draft_weights_gib": round(drafter.weight_bytes(setup) / 2**30, 3)}}
+               if setup.speculative is not None else {}),
             **({"limit_mm_per_prompt": dict(setup.mm_limits) or None, "skip_mm_profiling": setup.skip_mm_profiling,
                 "mm_max_pixels": setup.mm_max_pixels} if setup.model.vision else {}),
         },

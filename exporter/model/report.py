@@ -39,10 +39,17 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
                        calibration: Any = None) -> dict[str, Any]:
     """{"predicted", "recommendation", "speculative_decoding", "tiers", "notes"} for `setup`.
 
+    A setup started with `--speculative-config` (`setup.speculative`) is judged with its method
+    and its num_speculative_tokens unless `spec_tokens` says otherwise.
+
     "predicted" is at the given concurrency or rate; without either, at the recommended
     operating point (recommended flags, running the recommended max_num_seqs). The current
     GPU x TP is always a tier row (`current: true`). `calibration`: fitted step-time factors
     (`exporter.model.calibrate`) for "predicted"; the prior's TPOT and TTFT are kept beside them."""
+    drafter = getattr(setup, "speculative", None)
+    method = drafter.method if drafter is not None else "eagle"
+    if drafter is not None and not spec_tokens:
+        spec_tokens = drafter.num_speculative_tokens
     traffic = make_traffic(prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                            prompt_tokens_p99=prompt_tokens_p99, output_tokens_p99=output_tokens_p99,
                            concurrency=concurrency, rate=rate, prefix_hit_ratio=prefix_hit_ratio,
@@ -54,7 +61,7 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
         notes.append(tail)
     spec = None
     if spec_tokens and spec_tokens > 0 and spec_acceptance is not None:
-        spec = SpecConfig(num_tokens=int(spec_tokens), alpha=float(spec_acceptance))
+        spec = SpecConfig(num_tokens=int(spec_tokens), alpha=float(spec_acceptance), method=method)
     rec = recommend(setup, traffic, slo, spec)
     tuned = setup.with_(max_num_seqs=rec.max_num_seqs, gpu_memory_utilization=rec.gpu_memory_utilization,
                         max_model_len=rec.max_model_len, max_num_batched_tokens=rec.max_num_batched_tokens)
@@ -89,7 +96,7 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
     batch = max(int(round(pred.running)), 1)
     ctx = traffic.prompt_tokens_mean + traffic.output_tokens_mean / 2.0
     verdict = spec_verdict(at, batch, ctx, acceptance=spec_acceptance,
-                           num_tokens=spec_tokens or DEFAULT_SPEC_TOKENS)
+                           num_tokens=spec_tokens or DEFAULT_SPEC_TOKENS, method=method)
     recommendation = rec.as_dict()
     if spec is None:
         recommendation["speculative_decoding"] = verdict["recommended"]
@@ -105,6 +112,8 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
         doc["tiers"] = [t.as_dict() for t in ranked]
     else:
         doc["tiers"] = []
+    if drafter is not None:
+        notes.extend(drafter.notes)
     doc["notes"] = notes
     return doc
 
