@@ -99,6 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the server's --mm-processor-kwargs (its max_pixels sizes the dummy image)")
     hints.add_argument("--skip-mm-profiling", action="store_true", default=None,
                        help="the server runs --skip-mm-profiling")
+    hints.add_argument("--speculative-config", metavar="JSON",
+                       type=vllm_args.flag_type(vllm_args.speculative_label),
+                       help="the server's --speculative-config (an EAGLE head's, MTP layers' or draft "
+                            "model's weights and KV pages come out of its pool)")
     hints.add_argument("--ttft-slo", metavar="SECONDS", help="TTFT p99 objective (0.5, 500ms)")
     hints.add_argument("--tpot-slo", metavar="SECONDS", help="TPOT p99 objective (0.05, 50ms)")
     p.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per request (URLs)")
@@ -133,7 +137,7 @@ HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "q
               "expert_parallel": "--enable-expert-parallel", "async_scheduling": "--async-scheduling"}
 SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
 # hint flags that ride along as labels (as a pod's `vllm serve` arguments do: discovery/kubernetes.py)
-LABEL_FLAGS = ("limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling")
+LABEL_FLAGS = ("limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling", "speculative_config")
 
 
 def hinted(args: argparse.Namespace) -> TargetSpec:

@@ -115,6 +115,18 @@ def flag_type(conv: Callable[[str], Any]) -> Callable[[str], Any]:
     return read
 
 
+def speculative_label(text: str) -> str:
+    """`--speculative-config` as a label value: its JSON object, compact with sorted keys (what
+    `Setup.build(speculative_config=...)` reads back). ValueError when it is not a JSON object."""
+    try:
+        given = json.loads(str(text))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{text!r} is not a JSON object: {exc.msg}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"{text!r} is not a JSON object")
+    return json.dumps(given, sort_keys=True, separators=(",", ":"))
+
+
 def mm_limits_label(text: str) -> str:
     """`--limit-mm-per-prompt` as a label value: `image=2,video=0`, what `mm_limits` reads back."""
     return ",".join(f"{m}={c}" for m, c in sorted(mm_limits(text).items()))
@@ -137,6 +149,7 @@ _VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "port": ("port", int),
     "limit-mm-per-prompt": ("limit_mm_per_prompt", mm_limits_label),
     "mm-processor-kwargs": ("mm_max_pixels", mm_max_pixels),
+    "speculative-config": ("speculative_config", speculative_label),
 }
 _SHORT = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
           "q": "quantization"}
@@ -151,7 +164,7 @@ _BOOL_FLAGS = {"enable-prefix-caching": ("enable_prefix_caching", True),
 _OTHER_VALUE_FLAGS = frozenset((
     "host", "api-key", "download-dir", "chat-template", "tokenizer", "revision", "seed",
     "uvicorn-log-level", "load-format", "swap-space", "tool-call-parser", "config",
-    "distributed-executor-backend", "speculative-config", "lora-modules",
+    "distributed-executor-backend", "lora-modules",
     "max-loras", "max-lora-rank", "root-path", "tokenizer-mode", "hf-overrides", "cpu-offload-gb",
     "compilation-config", "override-generation-config", "generation-config", "reasoning-parser",
 ))

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.config import TargetSpec
-from exporter.discovery.vllm_args import mm_limits
+from exporter.discovery.vllm_args import mm_limits, speculative_label
 from exporter.errors import InputError
 from exporter.model import optimizer, perf, resolve_gpu
 from exporter.model.optimizer import Tier
@@ -122,6 +122,7 @@ class Identity:
     mm_limits: tuple[tuple[str, int], ...] = ()
     skip_mm_profiling: bool = False
     mm_max_pixels: int | None = None
+    speculative_config: str | None = None   # --speculative-config, its JSON as a label carries it
 
     @property
     def gpu(self) -> str | None:
@@ -157,7 +158,19 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                                                else labels.get("async_scheduling")),
                     mm_limits=_mm_limits(hint("limit_mm_per_prompt")),
                     skip_mm_profiling=label_bool(hint("skip_mm_profiling")) is True,
-                    mm_max_pixels=hint_int("mm_max_pixels"))
+                    mm_max_pixels=hint_int("mm_max_pixels"),
+                    speculative_config=_speculative_hint(hint("speculative_config")))
+
+
+def _speculative_hint(value: Any) -> str | None:
+    """A `speculative_config` hint as its compact JSON; None when absent or not a JSON object
+    (the server's pool is then predicted without a drafter)."""
+    if not value:
+        return None
+    try:
+        return speculative_label(str(value))
+    except ValueError:
+        return None
 
 
 def _mm_limits(value: Any) -> tuple[tuple[str, int], ...]:
@@ -198,9 +211,18 @@ class ServerFlags:
     mm_limits: tuple[tuple[str, int], ...] = ()
     skip_mm_profiling: bool = False
     mm_max_pixels: int | None = None
+    speculative_config: str | None = None
 
     def build(self, model: ModelArch, gpu: GPU) -> Setup:
-        return Setup.build(model, gpu, **{f.name: getattr(self, f.name) for f in fields(self)})
+        flags = {f.name: getattr(self, f.name) for f in fields(self)}
+        try:
+            return Setup.build(model, gpu, **flags)
+        except InputError as exc:
+            if not self.speculative_config or not str(exc).startswith("--speculative-config"):
+                raise
+            # a drafter this model does not describe (an EAGLE head of an MLA model without its
+            # config, ...): the server's own pool still tells the KV capacity
+            return Setup.build(model, gpu, **{**flags, "speculative_config": None})
 
 
 def server_flags(ident: Identity, x: DriftInput, vllm_version: str | None) -> ServerFlags:
@@ -214,7 +236,8 @@ def server_flags(ident: Identity, x: DriftInput, vllm_version: str | None) -> Se
                        expert_parallel=ident.expert_parallel, enable_prefix_caching=x.enable_prefix_caching,
                        async_scheduling=ident.async_scheduling, mamba_cache_dtype=x.mamba_cache_dtype,
                        mamba_ssm_cache_dtype=x.mamba_ssm_cache_dtype, mm_limits=ident.mm_limits,
-                       skip_mm_profiling=ident.skip_mm_profiling, mm_max_pixels=ident.mm_max_pixels)
+                       skip_mm_profiling=ident.skip_mm_profiling, mm_max_pixels=ident.mm_max_pixels,
+                       speculative_config=ident.speculative_config)
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,
