@@ -171,6 +171,9 @@ def test_models_from_aiconfigurators_copies_have_the_size_they_are_named_for(mod
     ("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", 30.0, 3.0, 0.2), ("nvidia/Nemotron-H-56B-Base-8K", 56.0, None, 0.12),
     ("mistralai/Mistral-Nemo-Instruct-2407", 12.2, None, 0.02), ("01-ai/Yi-34B", 34.0, None, 0.12),
     ("Qwen/Qwen1.5-4B-Chat", 4.0, None, 0.12),
+    # fourth pass: the model cards' counts (Mistral Small 3: "24B"; Command R: 35B; LFM2: 1.2B)
+    ("mistralai/Mistral-Small-24B-Instruct-2501", 24.0, None, 0.02), ("Qwen/Qwen3-4B-Thinking-2507", 4.0, None, 0.02),
+    ("CohereForAI/c4ai-command-r-v01", 35.0, None, 0.02), ("LiquidAI/LFM2-1.2B", 1.2, None, 0.03),
 ])
 def test_third_pass_models_resolve_offline_at_their_published_size(model_id, total, active, rel):
     arch = resolve_model(model_id)
