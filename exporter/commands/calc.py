@@ -23,7 +23,7 @@ from exporter.errors import CatalogError, InputError
 from exporter.model import drafter
 from exporter.model.calibrate import choose_kv_cache, fit_setup as fit_calibration, read_rows
 from exporter.model.gpus import device_for_cli
-from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len
+from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len, offloaded_bytes
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
 from exporter.model.setup import KV_CACHE_MEMORY_BYTES, V1_DEFAULT, Setup
@@ -126,6 +126,9 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                            "image the startup profile encodes")),
     ("engine flags", ("--skip-mm-profiling",), dict(action="store_true", help="no multimodal encoder in the "
                                                     "startup profile (from vLLM 0.10.1)")),
+    ("engine flags", ("--cpu-offload-gb",), dict(type=vllm_args.flag_type(vllm_args.gib), metavar="GIB", help="GiB of each GPU's decoder-layer "
+                                                 "weights vLLM keeps in pinned host memory: less memory, every step "
+                                                 "reads them over the host link (PCIe, NVLink-C2C)")),
     ("engine flags", ("--speculative-config",), dict(metavar="JSON", help="speculative decoding as vLLM reads it "
                                                      "('{\"method\": \"eagle3\", \"model\": \"<head>\", "
                                                      "\"num_speculative_tokens\": 3}'; ngram, eagle, eagle3, mtp, "
@@ -309,7 +312,8 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         skip_mm_profiling=bool(getattr(args, "skip_mm_profiling", False)),
         mm_max_pixels=getattr(args, "mm_max_pixels", None),
         flashinfer_sampler=_env_flag("VLLM_USE_FLASHINFER_SAMPLER"),
-        speculative_config=_speculative(args, arch))
+        speculative_config=_speculative(args, arch),
+        cpu_offload_gb=getattr(args, "cpu_offload_gb", None))
 
 
 def _speculative(args: argparse.Namespace, arch):
@@ -421,6 +425,7 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "enable_prefix_caching": setup.enable_prefix_caching,
             "async_scheduling": setup.async_scheduling,
             "mamba_cache_dtype": setup.mamba_cache_dtype, "mamba_ssm_cache_dtype": setup.mamba_ssm_cache_dtype,
+            "cpu_offload_gb": setup.cpu_offload_gb,
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
             **({"speculative": {"method": setup.speculative.method,
                                 "num_speculative_tokens": setup.speculative.num_speculative_tokens,
@@ -443,6 +448,9 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "weights_gib": round(m.weights_gib, 3), "activation_gib": round(m.activation_gib, 3),
             "non_torch_gib": round(m.non_torch_gib, 3), "cudagraph_gib": round(m.cudagraph_gib, 3),
             "kv_cache_gib": round(m.kv_cache_gib, 3), "requested_gib": round(m.requested_gib, 3),
+            **({"cpu_offload_gib": round(sum(offloaded_bytes(setup, st)[0] for st in range(setup.pp)) / 2**30, 3),
+                "host_read_gbs": round(setup.gpu.host_read_bytes_per_s / 1e9, 1)}
+               if setup.cpu_offload_gb else {}),
             **({"encoder_profile": {"modality": enc.modality, "items": enc.items, "item_tokens": enc.item_tokens,
                                     "vit_patches": enc.patches, "forward_gib": round(enc.forward_bytes / 2**30, 3),
                                     "kept_outputs_gib": round(enc.kept_bytes / 2**30, 3)}}

@@ -99,6 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the server's --mm-processor-kwargs (its max_pixels sizes the dummy image)")
     hints.add_argument("--skip-mm-profiling", action="store_true", default=None,
                        help="the server runs --skip-mm-profiling")
+    hints.add_argument("--cpu-offload-gb", metavar="GIB", type=vllm_args.flag_type(vllm_args.gib),
+                       help="the server's --cpu-offload-gb (weights read over the host link every step)")
     hints.add_argument("--speculative-config", metavar="JSON",
                        type=vllm_args.flag_type(vllm_args.speculative_label),
                        help="the server's --speculative-config (an EAGLE head's, MTP layers' or draft "
@@ -137,7 +139,7 @@ HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "q
               "expert_parallel": "--enable-expert-parallel", "async_scheduling": "--async-scheduling"}
 SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
 # hint flags that ride along as labels (as a pod's `vllm serve` arguments do: discovery/kubernetes.py)
-LABEL_FLAGS = ("limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling", "speculative_config")
+LABEL_FLAGS = ("limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling", "speculative_config", "cpu_offload_gb")
 
 
 def hinted(args: argparse.Namespace) -> TargetSpec:

@@ -115,6 +115,18 @@ def flag_type(conv: Callable[[str], Any]) -> Callable[[str], Any]:
     return read
 
 
+def gib(text: str) -> float:
+    """A size in GiB as vLLM's float flags take it (`--cpu-offload-gb 8`, `4.5`); ValueError when
+    it is not a number or is negative (vLLM's `ge=0`)."""
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of GiB") from None
+    if value < 0 or value != value:
+        raise ValueError(f"{text!r}: must be >= 0")
+    return value
+
+
 def speculative_label(text: str) -> str:
     """`--speculative-config` as a label value: its JSON object, compact with sorted keys (what
     `Setup.build(speculative_config=...)` reads back). ValueError when it is not a JSON object."""
@@ -150,6 +162,7 @@ _VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "limit-mm-per-prompt": ("limit_mm_per_prompt", mm_limits_label),
     "mm-processor-kwargs": ("mm_max_pixels", mm_max_pixels),
     "speculative-config": ("speculative_config", speculative_label),
+    "cpu-offload-gb": ("cpu_offload_gb", gib),
 }
 _SHORT = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
           "q": "quantization"}
@@ -165,7 +178,7 @@ _OTHER_VALUE_FLAGS = frozenset((
     "host", "api-key", "download-dir", "chat-template", "tokenizer", "revision", "seed",
     "uvicorn-log-level", "load-format", "swap-space", "tool-call-parser", "config",
     "distributed-executor-backend", "lora-modules",
-    "max-loras", "max-lora-rank", "root-path", "tokenizer-mode", "hf-overrides", "cpu-offload-gb",
+    "max-loras", "max-lora-rank", "root-path", "tokenizer-mode", "hf-overrides",
     "compilation-config", "override-generation-config", "generation-config", "reasoning-parser",
 ))
 

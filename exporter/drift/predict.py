@@ -123,6 +123,7 @@ class Identity:
     skip_mm_profiling: bool = False
     mm_max_pixels: int | None = None
     speculative_config: str | None = None   # --speculative-config, its JSON as a label carries it
+    cpu_offload_gb: float = 0.0             # --cpu-offload-gb
 
     @property
     def gpu(self) -> str | None:
@@ -159,7 +160,16 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                     mm_limits=_mm_limits(hint("limit_mm_per_prompt")),
                     skip_mm_profiling=label_bool(hint("skip_mm_profiling")) is True,
                     mm_max_pixels=hint_int("mm_max_pixels"),
-                    speculative_config=_speculative_hint(hint("speculative_config")))
+                    speculative_config=_speculative_hint(hint("speculative_config")),
+                    cpu_offload_gb=_gib_hint(hint("cpu_offload_gb")))
+
+
+def _gib_hint(value: Any) -> float:
+    """A `cpu_offload_gb` hint in GiB; 0 when absent, unreadable or negative (vLLM's default)."""
+    try:
+        return max(float(value), 0.0) if value else 0.0
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _speculative_hint(value: Any) -> str | None:
@@ -212,6 +222,7 @@ class ServerFlags:
     skip_mm_profiling: bool = False
     mm_max_pixels: int | None = None
     speculative_config: str | None = None
+    cpu_offload_gb: float = 0.0
 
     def build(self, model: ModelArch, gpu: GPU) -> Setup:
         flags = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -237,7 +248,7 @@ def server_flags(ident: Identity, x: DriftInput, vllm_version: str | None) -> Se
                        async_scheduling=ident.async_scheduling, mamba_cache_dtype=x.mamba_cache_dtype,
                        mamba_ssm_cache_dtype=x.mamba_ssm_cache_dtype, mm_limits=ident.mm_limits,
                        skip_mm_profiling=ident.skip_mm_profiling, mm_max_pixels=ident.mm_max_pixels,
-                       speculative_config=ident.speculative_config)
+                       speculative_config=ident.speculative_config, cpu_offload_gb=ident.cpu_offload_gb)
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,

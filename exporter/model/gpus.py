@@ -42,6 +42,24 @@ GIB = 1024**3
 DATA_FILE = Path(__file__).parent / "data" / "gpus.yaml"
 
 
+# The host link one GPU reads CPU memory over, GB/s per direction, by architecture: the PCIe
+# generation its x16 slot runs (PCI-SIG: 3.0 ~16, 4.0 ~32, 5.0 ~64 GB/s per direction; V100 and T4
+# are 3.0, A100 / A10 / L4 / L40S / RTX 3090-4090 / MI250 4.0, H100 / H200 / B200 / RTX 5090 /
+# MI300X 5.0), and NVLink-C2C on the Grace superchips (450 GB/s per direction, NVIDIA's GH200 and
+# GB200 datasheets: 900 GB/s bidirectional). Read by `--cpu-offload-gb` (kernels reading offloaded
+# weights through UVA every step).
+HOST_LINK_GBS = {"volta": 16.0, "turing": 16.0, "ampere": 32.0, "ada": 32.0, "hopper": 64.0,
+                 "blackwell": 64.0, "cdna2": 32.0, "cdna3": 64.0, "cdna4": 64.0}
+HOST_LINK_BY_NAME = (("GH200", 450.0), ("GB200", 450.0), ("GB300", 450.0))
+# share of the nominal rate offloaded weights stream at while a decode step reads them: two public
+# single-stream runs agree, on different links: Qwen2-7B wholly offloaded on an RTX 4090 (PCIe 4.0)
+# 1.65 tokens/s for 13.05 GB of layers, 21.5 GB/s = 0.67 x 32 (a r/Vllm post, "35x performance
+# tax"); Meta-Llama-3-70B with 70 GiB offloaded on a GH200 (NVLink-C2C) ~4.1 tokens/s, 309 GB/s =
+# 0.69 x 450 (vllm PR #6496, the flag's own PR). Chosen on those two (CUDA's bandwidthTest reaches
+# ~0.8 of a PCIe slot with large copies; a step's reads are layer by layer)
+HOST_LINK_EFFICIENCY = 0.68
+
+
 @dataclass(frozen=True)
 class GPU:
     """One accelerator model, as seen by vLLM (one device: one MI250X GCD, one GH200 GPU)."""
@@ -80,6 +98,16 @@ class GPU:
     @property
     def bandwidth_gbs(self) -> float:
         return round(self.hbm_bandwidth_tbps * 1000.0, 6)
+
+    @property
+    def host_read_bytes_per_s(self) -> float:
+        """Bytes/s a kernel reads from pinned host memory (UVA, `--cpu-offload-gb`): the host link
+        per direction (HOST_LINK_GBS by the part's name or architecture) at HOST_LINK_EFFICIENCY."""
+        name = self.name.upper()
+        for prefix, gbs in HOST_LINK_BY_NAME:
+            if name.startswith(prefix):
+                return gbs * 1e9 * HOST_LINK_EFFICIENCY
+        return HOST_LINK_GBS.get(self.arch, 16.0) * 1e9 * HOST_LINK_EFFICIENCY
 
     @property
     def large_batch_defaults(self) -> bool:

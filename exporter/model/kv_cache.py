@@ -335,6 +335,55 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
     return total + m.rope_cache_size * native
 
 
+def offloaded_bytes(setup: Setup, stage: int = 0) -> tuple[float, float]:
+    """(bytes, routed-expert bytes among them) of one rank's weights that `--cpu-offload-gb` moves
+    to pinned host memory on PP stage `stage`: vLLM passes each decoder layer, first to last, through
+    `maybe_offload_to_cpu` (models/utils.py, make_layers), which moves whole parameters until the
+    rank's budget (cpu_offload_gb x 2^30 bytes) is reached, so the last one may overshoot it. A
+    layer's parameters in the order its module registers them: attention (qkv_proj, o_proj), then
+    the MLP (gate_up_proj, down_proj; an MoE layer's w13 and w2 of all its experts on the rank, then
+    its shared experts); norms are left out. The embedding and lm_head stay on the GPU."""
+    budget = setup.cpu_offload_gb * GIB
+    if budget <= 0:
+        return 0.0, 0.0
+    m, tp = setup.model, setup.tp
+    native = setup.dtype_bytes
+    q = setup.quantization
+    qbytes = QUANT_BYTES_PER_PARAM.get(q) if q else None
+    skip = unquantized_parts(m, q) if qbytes is not None else frozenset()
+
+    def width(part: str) -> float:
+        if qbytes is None or (q == "mxfp4" and part != "experts") or part in skip:
+            return native
+        return qbytes
+    gated = m.gated_mlp
+    moe = set(m.moe_layers)
+    first = sum(_stage_layers(m.num_layers, setup.pp)[:stage])
+    done = experts_done = 0.0
+    for i in range(first, first + _stage_layers(m.num_layers, setup.pp)[stage]):
+        params: list[tuple[float, bool]] = []
+        if m.has_mixer(i):
+            params.append((m.mixer_params() * native / tp, False))
+        if m.has_attention(i):
+            attn = m.attention_params_per_layer(i) * width("attention") / tp
+            o = m.num_heads * (m.v_head_dim or m.head_dim) * m.hidden_size * width("attention") / tp
+            params += [(attn - o, False), (o, False)]
+        if i in moe:
+            e = m.num_experts * m.expert_params() * width("experts") * _expert_share(setup)
+            params += [(e * 2 / 3 if gated else e / 2, True), (e / 3 if gated else e / 2, True)]
+            if m.shared_expert_width:
+                params.append((m.shared_expert_params() * width("shared_experts") / tp, False))
+        elif m.has_mlp(i):
+            mlp = m.dense_mlp_params(i) * width("dense_mlp") / tp
+            params += [(mlp * 2 / 3 if gated else mlp / 2, False), (mlp / 3 if gated else mlp / 2, False)]
+        for size, expert in params:
+            if done >= budget:
+                return done, experts_done
+            done += size
+            experts_done += size if expert else 0.0
+    return done, experts_done
+
+
 def _checkpoint_scale(setup: Setup) -> float:
     """Exact checkpoint size over the size derived from config fields, when the architecture
     carries the safetensors byte count (`weight_bytes`, read defensively: the field is added by
@@ -506,7 +555,8 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True, allow_no_pool: bool = 
     draft_w = drafter.weight_bytes(setup)
     draft_page = _draft_page(setup, groups)
     for stage in range(setup.pp):
-        w = weights_bytes(setup, stage) + (draft_w if stage == setup.pp - 1 else 0.0)
+        w = (weights_bytes(setup, stage) - offloaded_bytes(setup, stage)[0]
+             + (draft_w if stage == setup.pp - 1 else 0.0))
         a = activation_bytes(setup, stage)
         nt = non_torch_bytes(setup)
         cg = cudagraph_bytes(setup)

@@ -365,6 +365,10 @@ class Shape:
                                     # x expert params x MoE layers / TP) where the MoE kernel's
                                     # math adds to its weight reads; 0 where the kernel overlaps
                                     # the two (MOE_OVERLAPPED) and for dense models
+    host_weight_bytes: float = 0.0  # --cpu-offload-gb: weights kernels read from pinned host
+                                    # memory (UVA) every step instead of HBM, dense part
+    host_expert_bytes: float = 0.0  # the routed experts among them (read as far as tokens touch them)
+    host_bytes_per_s: float = 1.0   # the host link's read rate (GPU.host_read_bytes_per_s)
     activation_width_m: float = 1.0  # millions of activation elements a token passes through,
                                     # all layers (ModelArch.activation_width / 1e6, which
                                     # shape_for always sets): scales the per-token GPU work
@@ -392,9 +396,11 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     # at its own efficiency) + KV of every context token
     w = shape.dense_weight_bytes
     w_exp = 0.0
+    touched = 0.0
     if shape.n_experts:
         miss = 1.0 - shape.experts_per_token / shape.n_experts
-        w_exp = shape.expert_weight_bytes * (1.0 - miss ** (tokens * cal.expert_touch_scale))
+        touched = 1.0 - miss ** (tokens * cal.expert_touch_scale)
+        w_exp = shape.expert_weight_bytes * touched
     ctx_per_seq = decode_context_tokens / b if b else 0.0
     kv = decode_context_tokens * shape.kv_bytes_per_ctx_token
     if shape.swa_kv_bytes_per_token:
@@ -438,6 +444,9 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     # every rank), both at this GPU's bandwidth relative to the class reference
     seqs = b + (1.0 if prefill_tokens else 0.0)
     bw_scale = cal.ref_bw_tbps * 1e12 / shape.bw_bytes_per_s
+    if shape.host_weight_bytes or shape.host_expert_bytes:
+        # offloaded layers' GEMMs read their weights over the host link, at its rate (UVA)
+        t_gemm += (shape.host_weight_bytes + shape.host_expert_bytes * touched) / shape.host_bytes_per_s
     t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + shape.moe_floor_s
          + shape.moe_token_s * (prefill_tokens + (cal.moe_decode_token_scale - 1.0) * b * tokens_per_seq)
          + cal.per_seq_s * seqs
@@ -714,6 +723,12 @@ def shape_for(setup: Any) -> Shape:
         dense_part = kvc.dense_linear_bytes(setup) + other * native + emb  # emb: the lm_head
         expert_bytes = max(weights - dense_part, 0.0)
     dense = max(weights - expert_bytes, 0.0)
+    # --cpu-offload-gb: those bytes leave the HBM read for the host link's
+    host = [kvc.offloaded_bytes(setup, s) for s in range(pp)]
+    host_experts = sum(e for _, e in host)
+    host_dense = sum(b for b, _ in host) - host_experts
+    dense = max(dense - host_dense, 0.0)
+    expert_bytes = max(expert_bytes - host_experts, 0.0)
     flop_params = (m.active_params - m.ple_embedding_params
                    - (m.embedding_params if not m.tie_word_embeddings else 0))
     types = m.layer_types or tuple(["full"] * m.num_layers)
@@ -776,6 +791,8 @@ def shape_for(setup: Any) -> Shape:
         expert_flops_per_token=(2.0 * experts * m.experts_per_token / m.num_experts / tp
                                 if m.is_moe and experts and (cls, fmt) not in MOE_OVERLAPPED else 0.0),
         activation_width_m=m.activation_width / 1e6,
+        host_weight_bytes=host_dense, host_expert_bytes=host_experts,
+        host_bytes_per_s=gpu.host_read_bytes_per_s,
     )
 
 

@@ -213,6 +213,9 @@ class Setup:
     # --speculative-config: the drafter whose weights and KV pages the pool pays for (drafter.py);
     # None without speculative decoding
     speculative: Speculative | None = None
+    # --cpu-offload-gb: GiB of each rank's decoder-layer weights held in pinned host memory and
+    # read through UVA every step (kv_cache.offloaded_bytes)
+    cpu_offload_gb: float = 0.0
 
     @property
     def flashinfer_sampling(self) -> bool:
@@ -312,7 +315,8 @@ class Setup:
                      async_scheduling=self.async_scheduling, mamba_cache_dtype=self.mamba_cache_dtype,
                      mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype, mm_limits=self.mm_limits,
                      skip_mm_profiling=self.skip_mm_profiling, mm_max_pixels=self.mm_max_pixels,
-                     flashinfer_sampler=self.flashinfer_sampler, speculative_config=self.speculative)
+                     flashinfer_sampler=self.flashinfer_sampler, speculative_config=self.speculative,
+                     cpu_offload_gb=self.cpu_offload_gb)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -331,7 +335,8 @@ class Setup:
               mm_limits: Mapping[str, int] | tuple[tuple[str, int], ...] | None = None,
               skip_mm_profiling: bool = False, mm_max_pixels: int | None = None,
               flashinfer_sampler: bool | None = None,
-              speculative_config: "str | Mapping | Speculative | None" = None) -> "Setup":
+              speculative_config: "str | Mapping | Speculative | None" = None,
+              cpu_offload_gb: float | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -440,6 +445,9 @@ class Setup:
                 raise InputError(f"--limit-mm-per-prompt: {modality} must be >= 0 (got {count})")
         if mm_max_pixels is not None and mm_max_pixels < 1:
             raise InputError(f"--mm-processor-kwargs: max_pixels must be positive (got {mm_max_pixels})")
+        offload = float(cpu_offload_gb or 0.0)
+        if offload < 0:
+            raise InputError(f"--cpu-offload-gb must be >= 0 (got {cpu_offload_gb})")
         spec = None
         if speculative_config is not None:
             spec, draft_tp = (speculative_config, None) if isinstance(speculative_config, Speculative) \
@@ -463,7 +471,7 @@ class Setup:
                    mm_limits=limits, skip_mm_profiling=bool(skip_mm_profiling),
                    mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None,
                    flashinfer_sampler=None if flashinfer_sampler is None else bool(flashinfer_sampler),
-                   speculative=spec)
+                   speculative=spec, cpu_offload_gb=offload)
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's
