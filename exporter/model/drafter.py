@@ -46,6 +46,10 @@ METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
 MTP_ALIASES = ("deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp", "qwen3_next_mtp",
                "longcat_flash_mtp", "mtp")
 NGRAM_ALIASES = ("ngram", "[ngram]", "suffix")
+# a draft `model` whose config is one of these is read as its MTP head (SpeculativeConfig's
+# hf_config_override: deepseek_v3/v32 -> deepseek_mtp, mimo, glm4_moe, ernie4_5_moe, qwen3_next, ...)
+MTP_BASE_TYPES = ("deepseek_v3", "deepseek_v32", "mimo", "glm4_moe", "ernie4_5_moe", "qwen3_next",
+                  "longcat_flash")
 # the draft vocabulary of the EAGLE-3 heads published for Llama 3.x / Qwen3 (their config.json's
 # draft_vocab_size), when the head's own config is not readable
 EAGLE3_DRAFT_VOCAB = 32000
@@ -109,7 +113,7 @@ def method_of(cfg: Mapping[str, Any], target: ModelArch, draft: ModelArch | None
         return "eagle"
     if "eagle3" in name:
         return "eagle3"
-    if model == target.name or (draft is not None and draft.model_type.endswith("_mtp")):
+    if draft is not None and draft.model_type in MTP_BASE_TYPES:
         return "mtp"
     return "draft_model"
 
@@ -135,6 +139,9 @@ def from_flag(flag: str | Mapping[str, Any], target: ModelArch,
     head_cfg: Mapping[str, Any] = {}
     if method == "draft_model" and model and resolve is not None:
         draft = resolve(model)
+        method = method_of(cfg, target, draft)     # the target's own checkpoint: its MTP layers
+        if method == "mtp":
+            draft = None
     elif method in ("eagle", "eagle3") and model:
         draft, head_cfg = _own_config(model)
     vocab = None

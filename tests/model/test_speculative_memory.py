@@ -77,6 +77,9 @@ def test_deepseek_mtp_loads_the_checkpoints_own_layer():
     base = kv_capacity(Setup.build(**kw))
     setup = Setup.build(**kw, speculative_config='{"method": "deepseek_mtp", "num_speculative_tokens": 1}')
     assert setup.speculative.method == "mtp" and setup.model.mtp_layers == 1
+    # the checkpoint named as the draft model is read as its MTP head too (hf_config_override)
+    assert Setup.build(**kw, speculative_config='{"model": "deepseek-ai/DeepSeek-R1", '
+                                                '"num_speculative_tokens": 1}').speculative.method == "mtp"
     mtp = kv_capacity(setup)
     experts = 256 * 3 * 7168 * 2048 / 8              # the MoE layer's experts on one rank, ~1 B each
     replicated = 2 * 7168 * 7168 * 2 + 129280 * 7168 * 2 / 8
