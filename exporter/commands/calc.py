@@ -312,12 +312,12 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         skip_mm_profiling=bool(getattr(args, "skip_mm_profiling", False)),
         mm_max_pixels=getattr(args, "mm_max_pixels", None),
         flashinfer_sampler=_env_flag("VLLM_USE_FLASHINFER_SAMPLER"),
-        speculative_config=_speculative(args, arch),
+        speculative_config=_speculative(args),
         cpu_offload_gb=getattr(args, "cpu_offload_gb", None))
 
 
-def _speculative(args: argparse.Namespace, arch):
-    """`--speculative-config` read against the target, a draft model resolved like --model."""
+def _speculative(args: argparse.Namespace):
+    """`--speculative-config` read, a draft model resolved like --model (Setup.build checks it)."""
     flag = getattr(args, "speculative_config", None)
     if not flag:
         return None
@@ -328,11 +328,7 @@ def _speculative(args: argparse.Namespace, arch):
             return resolve_model(name).arch
         except CatalogError as exc:
             raise InputError(f"--speculative-config: draft model {name!r}: {exc}") from None
-    spec, draft_tp = drafter.from_flag(flag, arch, resolve=draft)
-    if draft_tp not in (None, args.tp) and spec.method == "draft_model":
-        raise InputError(f"--speculative-config: draft_tensor_parallel_size {draft_tp} != --tp {args.tp} "
-                         "(vLLM 0.15 refuses a draft model at another TP)")
-    return spec
+    return drafter.from_flag(flag, resolve=draft)
 
 
 def _env_flag(name: str) -> bool | None:

@@ -68,11 +68,8 @@ class Speculative:
     draft: ModelArch | None = None
     draft_vocab_size: int | None = None      # EAGLE-3: the head's lm_head rows
     draft_quantization: str | None = None
+    draft_tp: int | None = None              # draft_tensor_parallel_size, as given
     notes: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        what = f"{self.method}, {self.num_speculative_tokens} tokens"
-        return what + (f", {self.model}" if self.model else "")
 
 
 def parse_flag(text: str | Mapping[str, Any]) -> dict[str, Any]:
@@ -90,7 +87,7 @@ def parse_flag(text: str | Mapping[str, Any]) -> dict[str, Any]:
     return value
 
 
-def method_of(cfg: Mapping[str, Any], target: ModelArch, draft: ModelArch | None) -> str:
+def method_of(cfg: Mapping[str, Any], draft: ModelArch | None = None) -> str:
     """vLLM's detection (config/speculative.py `__post_init__`): a method given wins (MTP's
     model-type names become mtp, ngram's spellings ngram); else by the draft model's name
     ("eagle-" -> eagle, "eagle3" -> eagle3), an MTP model type, or a separate draft model."""
@@ -118,9 +115,9 @@ def method_of(cfg: Mapping[str, Any], target: ModelArch, draft: ModelArch | None
     return "draft_model"
 
 
-def from_flag(flag: str | Mapping[str, Any], target: ModelArch,
-              resolve: Callable[[str], ModelArch | None] | None = None) -> tuple[Speculative, int | None]:
-    """A `--speculative-config` read against its target, and the draft TP it asks for.
+def from_flag(flag: str | Mapping[str, Any],
+              resolve: Callable[[str], ModelArch | None] | None = None) -> Speculative:
+    """A `--speculative-config` read (`validate` checks it against the target).
     `resolve(name)` gives the draft's architecture where one is known (calc passes the model
     resolver: a local config.json, the HF cache, the Hub, the catalog); an EAGLE head's is taken
     only from its own config.json, never from a catalog model of a similar name."""
@@ -135,11 +132,11 @@ def from_flag(flag: str | Mapping[str, Any], target: ModelArch,
     model = str(model) if model is not None else None
     notes: list[str] = []
     draft: ModelArch | None = None
-    method = method_of(cfg, target, None)
+    method = method_of(cfg)
     head_cfg: Mapping[str, Any] = {}
     if method == "draft_model" and model and resolve is not None:
         draft = resolve(model)
-        method = method_of(cfg, target, draft)     # the target's own checkpoint: its MTP layers
+        method = method_of(cfg, draft)     # a checkpoint with MTP layers: its MTP head
         if method == "mtp":
             draft = None
     elif method in ("eagle", "eagle3") and model:
@@ -158,7 +155,8 @@ def from_flag(flag: str | Mapping[str, Any], target: ModelArch,
                      "embedding and lm_head; give its config.json path as model for its own")
     quant = cfg.get("quantization") or (draft.quantization if draft is not None else None)
     return Speculative(method=method, num_speculative_tokens=k, model=model, draft=draft,
-                       draft_vocab_size=vocab, draft_quantization=quant, notes=tuple(notes)), draft_tp
+                       draft_vocab_size=vocab, draft_quantization=quant, draft_tp=draft_tp,
+                       notes=tuple(notes))
 
 
 def _own_config(name: str) -> tuple[ModelArch | None, Mapping[str, Any]]:
@@ -182,7 +180,7 @@ def _own_config(name: str) -> tuple[ModelArch | None, Mapping[str, Any]]:
 
 
 def validate(spec: Speculative, target: ModelArch, *, tp: int, pp: int, v0: bool,
-             version: tuple[int, int, int], draft_tp: int | None) -> None:
+             version: tuple[int, int, int]) -> None:
     """What vLLM refuses at startup, as an InputError naming the key."""
     if spec.num_speculative_tokens < 1:
         raise InputError(f"--speculative-config: num_speculative_tokens must be >= 1 "
@@ -209,8 +207,8 @@ def validate(spec: Speculative, target: ModelArch, *, tp: int, pp: int, v0: bool
                              f"not supported yet\"; V1 runs it from 0.15.0)")
         if spec.draft is None:
             raise InputError(f"--speculative-config: draft model {spec.model!r} could not be resolved")
-        if draft_tp not in (None, tp):
-            raise InputError(f"--speculative-config: draft_tensor_parallel_size {draft_tp} != "
+        if spec.draft_tp not in (None, tp):
+            raise InputError(f"--speculative-config: draft_tensor_parallel_size {spec.draft_tp} != "
                              f"tensor_parallel_size {tp} (vLLM 0.15 refuses a draft model at another TP)")
         if spec.draft.vocab_size != target.vocab_size:
             raise InputError(f"--speculative-config: draft model {spec.model!r} has a vocabulary of "

@@ -450,9 +450,9 @@ class Setup:
             raise InputError(f"--cpu-offload-gb must be >= 0 (got {cpu_offload_gb})")
         spec = None
         if speculative_config is not None:
-            spec, draft_tp = (speculative_config, None) if isinstance(speculative_config, Speculative) \
-                else drafter.from_flag(speculative_config, arch, resolve=_catalog_draft)
-            drafter.validate(spec, arch, tp=int(tp), pp=int(pp), v0=v0, version=version, draft_tp=draft_tp)
+            spec = speculative_config if isinstance(speculative_config, Speculative) \
+                else drafter.from_flag(speculative_config, resolve=_catalog_draft)
+            drafter.validate(spec, arch, tp=int(tp), pp=int(pp), v0=v0, version=version)
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),

@@ -92,14 +92,13 @@ def test_deepseek_mtp_loads_the_checkpoints_own_layer():
 
 def test_ngram_takes_no_memory_and_detection_follows_vllm():
     target = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB", vllm_version="0.11.0")
-    arch = target.model
     ngram = target.rebuilt(speculative_config='{"method": "[ngram]", "num_speculative_tokens": 4}')
     assert ngram.speculative.method == "ngram"
     assert kv_capacity(ngram).tokens == kv_capacity(target).tokens
     assert bytes_per_token(ngram) == bytes_per_token(target)
 
     def method(cfg):
-        return drafter.method_of(cfg, arch, None)
+        return drafter.method_of(cfg)
     assert method({"model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"}) == "eagle"
     assert method({"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}) == "eagle3"
     assert method({"model": "ngram"}) == "ngram"
@@ -120,6 +119,8 @@ def test_ngram_takes_no_memory_and_detection_follows_vllm():
      "vocabulary of 151936"),
     ('{"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4}',
      {"vllm_version": "0.15.0", "pp": 2}, "pipeline parallelism"),
+    ('{"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1}',
+     {"vllm_version": "0.15.0", "tp": 2}, "draft_tensor_parallel_size 1 != tensor_parallel_size 2"),
     ('[1, 2]', {}, "a JSON object expected"),
 ])
 def test_what_vllm_refuses_is_refused_naming_the_flag(flag, kw, match):
