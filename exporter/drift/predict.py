@@ -584,7 +584,10 @@ def _latency(setup: Setup, tr: Traffic, s: SLO, running: float | None, k: float 
     if not k and running:
         out["spec_missed_speedup"] = _missed_gain(setup, coarse, max(1, int(round(running))))
     if k and k >= 1:
-        spec = SpecConfig(num_tokens=int(round(k)), alpha=0.0, per_position=per_pos, draft_cost=draft_cost)
+        # the drafter the server was started with, where its --speculative-config is known
+        method = setup.speculative.method if setup.speculative is not None else "eagle"
+        spec = SpecConfig(num_tokens=int(round(k)), alpha=0.0, per_position=per_pos, draft_cost=draft_cost,
+                          method=method)
         ctx = tr.prompt_tokens_mean + tr.output_tokens_mean / 2.0
         out["spec_speedup"] = float(gain(setup, spec, int(max(1, round(running or 1))), ctx).speedup)
         if b_cap:

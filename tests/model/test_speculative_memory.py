@@ -186,3 +186,22 @@ def test_the_daemon_reads_the_drafter_off_a_pods_arguments():
                                speculative_config=speculative_label('{"method": "eagle", "model": "x", '
                                                                     '"num_speculative_tokens": 2}'))
     assert eagle_on_mla.build(arch, with_mtp.gpu).speculative is None
+
+
+def test_the_daemon_judges_the_drafter_it_was_told_of():
+    """A server whose metrics show speculation (k = 3 and its per-position acceptance) is judged
+    with its own method's drafting cost when its --speculative-config is known: n-gram lookup
+    costs the GPU nothing, an EAGLE-3 head a step of its own; and its pool carries the head."""
+    from exporter.drift.predict import ServerFlags, predict, resolve_hints
+
+    res = resolve_hints(["meta-llama/Llama-3.1-8B-Instruct"], "H100-SXM-80GB")
+    traffic = {"prompt_mean": 512.0, "output_mean": 256.0, "running_mean": 8.0, "spec_k": 3,
+               "spec_per_position": (0.7, 0.5, 0.3)}
+
+    def judged(spec):
+        return predict(res, ServerFlags(vllm_version=(0, 11, 0), speculative_config=spec), traffic=traffic,
+                       slo={}, prices={})
+    ngram = judged('{"method": "ngram", "num_speculative_tokens": 3}')
+    eagle3 = judged('{"method": "eagle3", "model": "x/eagle3-head", "num_speculative_tokens": 3}')
+    assert ngram.spec_speedup > 1.1 * eagle3.spec_speedup
+    assert ngram.kv_cache_tokens == judged(None).kv_cache_tokens > eagle3.kv_cache_tokens
