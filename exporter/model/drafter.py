@@ -18,8 +18,9 @@ Attention layers the target did not have). Read in vLLM's wheels 0.11.0, 0.13.0 
 - `mtp` (deepseek_mtp, glm4_moe_mtp, mimo_mtp, ... all renamed `mtp`): the target checkpoint's
   own `num_nextn_predict_layers` extra layers, each a full decoder layer of the target (an MoE
   layer where the target's last layers are), in the target's weight scheme, plus `eh_proj`
-  (2 x hidden -> hidden, whole on every rank) and a `shared_head` lm_head of the target's
-  vocabulary (deepseek_mtp.py); the embedding is shared.
+  (2 x hidden -> hidden, whole on every rank) and, in DeepSeek's and GLM's layout, a
+  `shared_head` lm_head of the target's vocabulary (deepseek_mtp.py, glm4_moe_mtp.py; MiMo's and
+  Qwen3-Next's own lm_head is swapped for the target's); the embedding is shared.
 - `draft_model` (a separate smaller model, V1 from 0.15.0; 0.14 and earlier refuse it with "not
   supported yet"): the draft model whole, its own embedding and lm_head, at the target's TP
   (vLLM 0.15 refuses another draft TP), its layers' pages beside the target's.
@@ -50,6 +51,8 @@ NGRAM_ALIASES = ("ngram", "[ngram]", "suffix")
 # hf_config_override: deepseek_v3/v32 -> deepseek_mtp, mimo, glm4_moe, ernie4_5_moe, qwen3_next, ...)
 MTP_BASE_TYPES = ("deepseek_v3", "deepseek_v32", "mimo", "glm4_moe", "ernie4_5_moe", "qwen3_next",
                   "longcat_flash")
+# MTP layers that carry their own lm_head (`shared_head.head`: deepseek_mtp.py, glm4_moe_mtp.py)
+SHARED_HEAD_MTP_TYPES = ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm_moe_dsa")
 # the draft vocabulary of the EAGLE-3 heads published for Llama 3.x / Qwen3 (their config.json's
 # draft_vocab_size), when the head's own config is not readable
 EAGLE3_DRAFT_VOCAB = 32000
@@ -256,8 +259,13 @@ def weight_bytes(setup: "Setup") -> float:
     if spec.method == "mtp":
         layers = _layers_only(m, m.mtp_layers, moe=m.is_moe)
         body = kv_cache.weights_bytes(replace(setup, model=layers, speculative=None))
-        # per MTP layer: eh_proj (nn.Linear, whole), the shared head (ParallelLMHead, split)
-        return body + m.mtp_layers * (2 * h * h + _padded_vocab(m.vocab_size, tp) * h / tp) * native
+        # per MTP layer the projection of [embedding, hidden] (eh_proj / input_proj: nn.Linear,
+        # whole on every rank; Qwen3-Next's fc is column-parallel), and in the DeepSeek layout its
+        # own shared_head lm_head (ParallelLMHead, split); MiMo's and Qwen3-Next's model-level
+        # lm_head is replaced by the target's in EagleProposer.load_model, so it is freed
+        proj = 2 * h * h / (tp if m.model_type in ("qwen3_next",) else 1)
+        head = _padded_vocab(m.vocab_size, tp) * h / tp if m.model_type in SHARED_HEAD_MTP_TYPES else 0.0
+        return body + m.mtp_layers * (proj + head) * native
     head = _head_arch(setup)
     body = kv_cache.weights_bytes(replace(setup, model=head, speculative=None, quantization=None))
     if spec.method == "eagle3":

@@ -90,6 +90,17 @@ def test_deepseek_mtp_loads_the_checkpoints_own_layer():
     assert mtp.tokens < base.tokens * 61 / 62
 
 
+def test_mimo_mtp_swaps_its_own_lm_head_for_the_targets():
+    """MiMo's MTP module has one model-level lm_head, which EagleProposer.load_model replaces by
+    the target's (method mtp is not eagle3), so the layer and its input_proj (nn.Linear 2 x 4096 ->
+    4096, whole) are what stays: 177.2 M + 33.6 M parameters in bf16."""
+    base = Setup.build("XiaomiMiMo/MiMo-7B-Base", "H100-SXM-80GB", vllm_version="0.11.0")
+    mtp = base.rebuilt(speculative_config='{"method": "mimo_mtp", "num_speculative_tokens": 1}')
+    layer = 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 11008
+    delta = (kv_capacity(mtp).memory.weights_gib - kv_capacity(base).memory.weights_gib) * 2**30
+    assert delta == pytest.approx((layer + 2 * 4096 * 4096) * 2, rel=0.01)
+
+
 def test_ngram_takes_no_memory_and_detection_follows_vllm():
     target = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB", vllm_version="0.11.0")
     ngram = target.rebuilt(speculative_config='{"method": "[ngram]", "num_speculative_tokens": 4}')
