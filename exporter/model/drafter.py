@@ -4,7 +4,7 @@ vLLM's V1 engine loads the drafter in the model runner's `load_model`, before th
 profile, so its weights are part of "Model loading took"; its attention layers register in the
 same forward context as the target's, so `get_kv_cache_spec` gives them pages in the one KV pool
 and every block pays for them (v1/spec_decode/eagle.py `load_model`: the draft layers are the
-Attention layers the target did not have). Read in vLLM's wheels 0.11.0, 0.13.0 and 0.15.0:
+Attention layers the target did not have). Read in vLLM's wheels 0.7.3, 0.11.0, 0.13.0, 0.14.0 and 0.15.0:
 
 - `ngram` (prompt lookup, also `[ngram]`, `suffix`): no weights, no cache.
 - `eagle`: `num_hidden_layers` (1) Llama decoder layers of the head's own width, an `fc` of
@@ -21,13 +21,18 @@ Attention layers the target did not have). Read in vLLM's wheels 0.11.0, 0.13.0 
   (2 x hidden -> hidden, whole on every rank) and, in DeepSeek's and GLM's layout, a
   `shared_head` lm_head of the target's vocabulary (deepseek_mtp.py, glm4_moe_mtp.py; MiMo's and
   Qwen3-Next's own lm_head is swapped for the target's); the embedding is shared.
-- `draft_model` (a separate smaller model, V1 from 0.15.0; 0.14 and earlier refuse it with "not
+- `draft_model` (a separate smaller model, V1 from 0.15.0; 0.11-0.14 refuse it with "not
   supported yet"): the draft model whole, its own embedding and lm_head, at the target's TP
-  (vLLM 0.15 refuses another draft TP), its layers' pages beside the target's.
+  (vLLM 0.15 refuses another draft TP), its layers' pages beside the target's. Before 0.11 it ran
+  on the V0 engine (0.8-0.10 fell back to it), whose SpecDecodeWorker profiled the target alone
+  and split the target's blocks between the two caches by page size: the same pages per block,
+  and from 0.6.5 without the draft weights coming out of the pool (`runs_on_v0`,
+  V0_DRAFT_WEIGHTS_UNCOUNTED_FROM).
 
 Not modelled: the drafter's own dummy run in the profile (one layer after the target's forward,
-under the target's peak), its CUDA graphs, and pipeline parallelism (the drafter runs on the last
-stage only). Pure: the draft model's architecture is resolved by `Setup.build`.
+under the target's peak), its CUDA graphs, pipeline parallelism (the drafter runs on the last
+stage only), and V0's EAGLE, MTP, Medusa and MLP-speculator workers. Pure: the draft model's
+architecture is resolved by `Setup.build`.
 """
 from __future__ import annotations
 
@@ -57,6 +62,15 @@ SHARED_HEAD_MTP_TYPES = ("deepseek_v3", "deepseek_v32", "glm4_moe", "glm_moe_dsa
 # draft_vocab_size), when the head's own config is not readable
 EAGLE3_DRAFT_VOCAB = 32000
 DRAFT_MODEL_FROM = (0, 15, 0)     # v1/spec_decode/draft_model.py first ships in the 0.15.0 wheel
+# vLLM 0.8-0.10 ran a separate draft model on the V0 engine (V1 did not support it and fell back;
+# V0 was removed in 0.11, so 0.11-0.14 refuse it)
+V0_REMOVED = (0, 11, 0)
+# V0's SpecDecodeWorker sized the pool by profiling the target alone, then split the target's
+# blocks between the two caches by page size (`split_num_cache_blocks_evenly`); from 0.6.5 that
+# profile (`memory_profiling`) counts the target's weights only, so the draft model's do not come
+# out of the pool (vllm PRs #13221 and #14067 to count them were closed unmerged); before, the free
+# memory the worker lost since it started counted them. Read in the 0.7.3 wheel.
+V0_DRAFT_WEIGHTS_UNCOUNTED_FROM = (0, 6, 5)
 
 
 @dataclass(frozen=True)
@@ -182,6 +196,11 @@ def _own_config(name: str) -> tuple[ModelArch | None, Mapping[str, Any]]:
     return arch, raw if isinstance(raw, dict) else {}
 
 
+def runs_on_v0(spec: Speculative | None, version: tuple[int, int, int]) -> bool:
+    """A separate draft model on vLLM 0.8-0.10: the V1 engine fell back to V0 for it."""
+    return spec is not None and spec.method == "draft_model" and version < V0_REMOVED
+
+
 def validate(spec: Speculative, target: ModelArch, *, tp: int, pp: int, v0: bool,
              version: tuple[int, int, int]) -> None:
     """What vLLM refuses at startup, as an InputError naming the key."""
@@ -190,9 +209,9 @@ def validate(spec: Speculative, target: ModelArch, *, tp: int, pp: int, v0: bool
                          f"(got {spec.num_speculative_tokens})")
     if spec.method == "ngram":
         return
-    if v0:
-        raise InputError("--speculative-config: the drafter's memory is modelled for vLLM's V1 engine "
-                         "(0.8 and later on this GPU); the V0 engine ran it as a separate worker")
+    if v0 and spec.method != "draft_model":
+        raise InputError(f"--speculative-config: a {spec.method} drafter on vLLM's V0 engine (its own "
+                         f"proposer worker) is not modelled; a separate draft model and ngram are")
     if pp > 1:
         raise InputError("--speculative-config with pipeline parallelism is not modelled (the drafter "
                          "runs on the last stage only)")
@@ -204,15 +223,15 @@ def validate(spec: Speculative, target: ModelArch, *, tp: int, pp: int, v0: bool
                          "derived from the target's dimensions; give the head's config.json as `model` "
                          "(a local path) or use method mtp")
     if spec.method == "draft_model":
-        if version < DRAFT_MODEL_FROM:
+        if V0_REMOVED <= version < DRAFT_MODEL_FROM:
             raise InputError(f"--speculative-config: a separate draft model is not supported by vLLM "
                              f"{'.'.join(map(str, version))} (\"Speculative decoding with draft model is "
-                             f"not supported yet\"; V1 runs it from 0.15.0)")
+                             f"not supported yet\": V0 is gone from 0.11 and V1 runs it from 0.15.0)")
         if spec.draft is None:
             raise InputError(f"--speculative-config: draft model {spec.model!r} could not be resolved")
         if spec.draft_tp not in (None, tp):
             raise InputError(f"--speculative-config: draft_tensor_parallel_size {spec.draft_tp} != "
-                             f"tensor_parallel_size {tp} (vLLM 0.15 refuses a draft model at another TP)")
+                             f"tensor_parallel_size {tp} ({'a smaller draft TP on V0 is not modelled' if v0 else 'vLLM 0.15 refuses a draft model at another TP'})")
         if spec.draft.vocab_size != target.vocab_size:
             raise InputError(f"--speculative-config: draft model {spec.model!r} has a vocabulary of "
                              f"{spec.draft.vocab_size}, the target {target.vocab_size} (vLLM requires them equal)")
@@ -253,6 +272,8 @@ def weight_bytes(setup: "Setup") -> float:
     m, tp, native = setup.model, setup.tp, setup.dtype_bytes
     h = m.hidden_size
     if spec.method == "draft_model":
+        if setup.v0 and setup.vllm_version >= V0_DRAFT_WEIGHTS_UNCOUNTED_FROM:
+            return 0.0      # on the GPU all the same, but not in what V0's profile subtracts
         draft = setup.rebuilt(model=spec.draft, quantization=spec.draft_quantization,
                               speculative_config=None, pp=1)
         return kv_cache.weights_bytes(draft)

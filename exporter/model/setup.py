@@ -236,7 +236,7 @@ class Setup:
 
     @property
     def v0(self) -> bool:
-        return engine_is_v0(self.vllm_version, self.gpu)
+        return engine_is_v0(self.vllm_version, self.gpu) or drafter.runs_on_v0(self.speculative, self.vllm_version)
 
     @property
     def num_gpus(self) -> int:
@@ -386,7 +386,11 @@ class Setup:
         mml = arch.max_position_embeddings if max_model_len in (None, -1) else int(max_model_len)
         if max_model_len is None and arch.longrope_original_max_len and version >= LONGROPE_SHORT_DEFAULT:
             mml = min(mml, arch.longrope_original_max_len)
-        v0 = engine_is_v0(version, dev)
+        spec = None
+        if speculative_config is not None:
+            spec = speculative_config if isinstance(speculative_config, Speculative) \
+                else drafter.from_flag(speculative_config, resolve=_catalog_draft)
+        v0 = engine_is_v0(version, dev) or drafter.runs_on_v0(spec, version)
         if v0:
             seqs = max_num_seqs or 256
             # V0 turned chunked prefill on by itself only for contexts > 32k, and not for models
@@ -448,10 +452,7 @@ class Setup:
         offload = float(cpu_offload_gb or 0.0)
         if offload < 0:
             raise InputError(f"--cpu-offload-gb must be >= 0 (got {cpu_offload_gb})")
-        spec = None
-        if speculative_config is not None:
-            spec = speculative_config if isinstance(speculative_config, Speculative) \
-                else drafter.from_flag(speculative_config, resolve=_catalog_draft)
+        if spec is not None:
             drafter.validate(spec, arch, tp=int(tp), pp=int(pp), v0=v0, version=version)
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,

@@ -126,6 +126,8 @@ def test_ngram_takes_no_memory_and_detection_follows_vllm():
     ('{"method": "ngram"}', {}, "num_speculative_tokens must be >= 1"),
     ('{"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4}', {"vllm_version": "0.14.0"},
      "not supported yet"),
+    ('{"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3-Instruct-8B", "num_speculative_tokens": 4}',
+     {"vllm_version": "0.7.3"}, "V0 engine"),
     ('{"model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4}', {"vllm_version": "0.15.0"},
      "vocabulary of 151936"),
     ('{"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4}',
@@ -216,3 +218,26 @@ def test_the_daemon_judges_the_drafter_it_was_told_of():
     eagle3 = judged('{"method": "eagle3", "model": "x/eagle3-head", "num_speculative_tokens": 3}')
     assert ngram.spec_speedup > 1.1 * eagle3.spec_speedup
     assert ngram.kv_cache_tokens == judged(None).kv_cache_tokens > eagle3.kv_cache_tokens
+
+
+def test_a_draft_model_before_0_11_runs_on_v0_which_splits_the_targets_blocks():
+    """vLLM 0.8-0.10 ran a separate draft model on the V0 engine; its SpecDecodeWorker profiled the
+    target alone and split the target's blocks by page size (split_num_cache_blocks_evenly, the
+    0.7.3 wheel). From 0.6.5 that profile counts the target's weights only (PRs #13221 and #14067,
+    which would have counted the draft's, were closed unmerged); 0.6.3's free-memory accounting
+    counted them."""
+    kw = dict(model="Qwen/Qwen2.5-3B-Instruct", gpu="RTX-4090", max_model_len=4096, max_num_seqs=8)
+    spec = '{"model": "Qwen/Qwen2.5-1.5B-Instruct", "num_speculative_tokens": 4}'
+    target_page, draft_page = 36 * 2 * 2 * 128 * 2, 28 * 2 * 2 * 128 * 2
+    for version in ("0.7.3", "0.9.2", "0.10.1"):
+        setup = Setup.build(**kw, vllm_version=version, speculative_config=spec)
+        assert setup.v0                                  # the fallback, on an Ada GPU V1 runs otherwise
+        alone = kv_capacity(Setup.build(**kw, vllm_version="0.7.3"))
+        with_draft = kv_capacity(setup)
+        assert with_draft.memory.weights_gib == alone.memory.weights_gib
+        assert with_draft.gpu_blocks == pytest.approx(alone.gpu_blocks * target_page / (target_page + draft_page),
+                                                      abs=1)
+    old = dict(kw, vllm_version="0.6.3")
+    counted = kv_capacity(Setup.build(**old, speculative_config=spec))
+    assert counted.memory.weights_gib - kv_capacity(Setup.build(**old)).memory.weights_gib == \
+        pytest.approx(1.54e9 * 2 / 2**30, rel=0.02)
