@@ -23,7 +23,7 @@ from exporter.errors import CatalogError, InputError
 from exporter.model import drafter
 from exporter.model.calibrate import choose_kv_cache, fit_setup as fit_calibration, read_rows
 from exporter.model.gpus import device_for_cli
-from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len, offloaded_bytes
+from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len, lora_bytes, offloaded_bytes
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
 from exporter.model.setup import KV_CACHE_MEMORY_BYTES, V1_DEFAULT, Setup
@@ -129,6 +129,11 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("engine flags", ("--cpu-offload-gb",), dict(type=vllm_args.flag_type(vllm_args.gib), metavar="GIB", help="GiB of each GPU's decoder-layer "
                                                  "weights vLLM keeps in pinned host memory: less memory, every step "
                                                  "reads them over the host link (PCIe, NVLink-C2C)")),
+    ("engine flags", ("--enable-lora",), dict(action="store_true", help="LoRA adapters: vLLM preallocates "
+                                              "their stacked buffers beside every linear layer")),
+    ("engine flags", ("--max-loras",), dict(type=int, metavar="N", help="adapters held at once (default 1)")),
+    ("engine flags", ("--max-lora-rank",), dict(type=int, metavar="R", help="largest adapter rank (default 16)")),
+    ("engine flags", ("--fully-sharded-loras",), dict(action="store_true", help="split the LoRA buffers over TP")),
     ("engine flags", ("--speculative-config",), dict(metavar="JSON", help="speculative decoding as vLLM reads it "
                                                      "('{\"method\": \"eagle3\", \"model\": \"<head>\", "
                                                      "\"num_speculative_tokens\": 3}'; ngram, eagle, eagle3, mtp, "
@@ -313,7 +318,10 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         mm_max_pixels=getattr(args, "mm_max_pixels", None),
         flashinfer_sampler=_env_flag("VLLM_USE_FLASHINFER_SAMPLER"),
         speculative_config=_speculative(args),
-        cpu_offload_gb=getattr(args, "cpu_offload_gb", None))
+        cpu_offload_gb=getattr(args, "cpu_offload_gb", None),
+        max_loras=(getattr(args, "max_loras", None) or 1) if getattr(args, "enable_lora", False) else 0,
+        max_lora_rank=getattr(args, "max_lora_rank", None),
+        fully_sharded_loras=bool(getattr(args, "fully_sharded_loras", False)))
 
 
 def _speculative(args: argparse.Namespace):
@@ -422,6 +430,8 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "async_scheduling": setup.async_scheduling,
             "mamba_cache_dtype": setup.mamba_cache_dtype, "mamba_ssm_cache_dtype": setup.mamba_ssm_cache_dtype,
             "cpu_offload_gb": setup.cpu_offload_gb,
+            **({"max_loras": setup.max_loras, "max_lora_rank": setup.max_lora_rank,
+                "fully_sharded_loras": setup.fully_sharded_loras} if setup.max_loras else {}),
             "vllm_version": ".".join(str(x) for x in setup.vllm_version),
             **({"speculative": {"method": setup.speculative.method,
                                 "num_speculative_tokens": setup.speculative.num_speculative_tokens,
@@ -444,6 +454,8 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "weights_gib": round(m.weights_gib, 3), "activation_gib": round(m.activation_gib, 3),
             "non_torch_gib": round(m.non_torch_gib, 3), "cudagraph_gib": round(m.cudagraph_gib, 3),
             "kv_cache_gib": round(m.kv_cache_gib, 3), "requested_gib": round(m.requested_gib, 3),
+            **({"lora_gib": round(max(lora_bytes(setup, st) for st in range(setup.pp)) / 2**30, 3)}
+               if setup.max_loras else {}),
             **({"cpu_offload_gib": round(sum(offloaded_bytes(setup, st)[0] for st in range(setup.pp)) / 2**30, 3),
                 "host_read_gbs": round(setup.gpu.host_read_bytes_per_s / 1e9, 1)}
                if setup.cpu_offload_gb else {}),

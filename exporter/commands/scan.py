@@ -99,6 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the server's --mm-processor-kwargs (its max_pixels sizes the dummy image)")
     hints.add_argument("--skip-mm-profiling", action="store_true", default=None,
                        help="the server runs --skip-mm-profiling")
+    hints.add_argument("--enable-lora", action="store_true", default=None,
+                       help="the server runs --enable-lora (stacked adapter buffers beside every linear layer)")
+    hints.add_argument("--max-loras", type=int, metavar="N", help="the server's --max-loras (default 1)")
+    hints.add_argument("--max-lora-rank", type=int, metavar="R", help="the server's --max-lora-rank (default 16)")
     hints.add_argument("--cpu-offload-gb", metavar="GIB", type=vllm_args.flag_type(vllm_args.gib),
                        help="the server's --cpu-offload-gb (weights read over the host link every step)")
     hints.add_argument("--speculative-config", metavar="JSON",
@@ -139,7 +143,8 @@ HINT_FLAGS = {"gpu": "--gpu", "tp": "--tp", "pp": "--pp", "model": "--model", "q
               "expert_parallel": "--enable-expert-parallel", "async_scheduling": "--async-scheduling"}
 SLO_FLAGS = {"ttft_p99": "--ttft-slo", "tpot_p99": "--tpot-slo"}
 # hint flags that ride along as labels (as a pod's `vllm serve` arguments do: discovery/kubernetes.py)
-LABEL_FLAGS = ("limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling", "speculative_config", "cpu_offload_gb")
+LABEL_FLAGS = ("limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling", "speculative_config", "cpu_offload_gb",
+               "enable_lora", "max_loras", "max_lora_rank")
 
 
 def hinted(args: argparse.Namespace) -> TargetSpec:

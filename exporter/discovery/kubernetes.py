@@ -60,7 +60,8 @@ _POD_HINTS: dict[str, tuple[str, Any]] = {
 _ARG_LABELS = ("served_model_name", "max_model_len", "gpu_memory_utilization", "kv_cache_dtype",
                "enable_prefix_caching", "dtype", "block_size", "enforce_eager", "expert_parallel",
                "async_scheduling", "limit_mm_per_prompt", "mm_max_pixels", "skip_mm_profiling",
-               "speculative_config", "cpu_offload_gb")
+               "speculative_config", "cpu_offload_gb", "enable_lora", "max_loras", "max_lora_rank",
+               "fully_sharded_loras")
 _SPEC_FIELDS = ("gpu", "tp", "pp", "dp", "model", "quantization", "max_num_seqs", "max_num_batched_tokens")
 
 

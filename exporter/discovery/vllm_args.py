@@ -163,6 +163,8 @@ _VALUE_FLAGS: dict[str, tuple[str, Any]] = {
     "mm-processor-kwargs": ("mm_max_pixels", mm_max_pixels),
     "speculative-config": ("speculative_config", speculative_label),
     "cpu-offload-gb": ("cpu_offload_gb", gib),
+    "max-loras": ("max_loras", int),
+    "max-lora-rank": ("max_lora_rank", int),
 }
 _SHORT = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
           "q": "quantization"}
@@ -172,13 +174,15 @@ _BOOL_FLAGS = {"enable-prefix-caching": ("enable_prefix_caching", True),
                "enable-expert-parallel": ("expert_parallel", True),
                "async-scheduling": ("async_scheduling", True),
                "no-async-scheduling": ("async_scheduling", False),
-               "skip-mm-profiling": ("skip_mm_profiling", True)}
+               "skip-mm-profiling": ("skip_mm_profiling", True),
+               "enable-lora": ("enable_lora", True),
+               "fully-sharded-loras": ("fully_sharded_loras", True)}
 # Common flags that take a value but give no hint: their value must not be read as the model.
 _OTHER_VALUE_FLAGS = frozenset((
     "host", "api-key", "download-dir", "chat-template", "tokenizer", "revision", "seed",
     "uvicorn-log-level", "load-format", "swap-space", "tool-call-parser", "config",
     "distributed-executor-backend", "lora-modules",
-    "max-loras", "max-lora-rank", "root-path", "tokenizer-mode", "hf-overrides",
+    "root-path", "tokenizer-mode", "hf-overrides",
     "compilation-config", "override-generation-config", "generation-config", "reasoning-parser",
 ))
 

@@ -124,6 +124,9 @@ class Identity:
     mm_max_pixels: int | None = None
     speculative_config: str | None = None   # --speculative-config, its JSON as a label carries it
     cpu_offload_gb: float = 0.0             # --cpu-offload-gb
+    max_loras: int = 0                      # --enable-lora's --max-loras (0: no LoRA)
+    max_lora_rank: int | None = None
+    fully_sharded_loras: bool = False
 
     @property
     def gpu(self) -> str | None:
@@ -161,7 +164,10 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                     skip_mm_profiling=label_bool(hint("skip_mm_profiling")) is True,
                     mm_max_pixels=hint_int("mm_max_pixels"),
                     speculative_config=_speculative_hint(hint("speculative_config")),
-                    cpu_offload_gb=_gib_hint(hint("cpu_offload_gb")))
+                    cpu_offload_gb=_gib_hint(hint("cpu_offload_gb")),
+                    max_loras=(hint_int("max_loras") or 1) if label_bool(hint("enable_lora")) is True else 0,
+                    max_lora_rank=hint_int("max_lora_rank"),
+                    fully_sharded_loras=label_bool(hint("fully_sharded_loras")) is True)
 
 
 def _gib_hint(value: Any) -> float:
@@ -223,6 +229,9 @@ class ServerFlags:
     mm_max_pixels: int | None = None
     speculative_config: str | None = None
     cpu_offload_gb: float = 0.0
+    max_loras: int = 0
+    max_lora_rank: int | None = None
+    fully_sharded_loras: bool = False
 
     def build(self, model: ModelArch, gpu: GPU) -> Setup:
         flags = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -248,7 +257,9 @@ def server_flags(ident: Identity, x: DriftInput, vllm_version: str | None) -> Se
                        async_scheduling=ident.async_scheduling, mamba_cache_dtype=x.mamba_cache_dtype,
                        mamba_ssm_cache_dtype=x.mamba_ssm_cache_dtype, mm_limits=ident.mm_limits,
                        skip_mm_profiling=ident.skip_mm_profiling, mm_max_pixels=ident.mm_max_pixels,
-                       speculative_config=ident.speculative_config, cpu_offload_gb=ident.cpu_offload_gb)
+                       speculative_config=ident.speculative_config, cpu_offload_gb=ident.cpu_offload_gb,
+                       max_loras=ident.max_loras, max_lora_rank=ident.max_lora_rank,
+                       fully_sharded_loras=ident.fully_sharded_loras)
 
 
 def predict_for(ident: Identity, x: DriftInput, *, vllm_version: str | None,

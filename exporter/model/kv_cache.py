@@ -335,6 +335,64 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
     return total + m.rope_cache_size * native
 
 
+# vLLM's lora_extra_vocab_size (256 added embedding rows per adapter, on the embedding and the
+# lm_head): deprecated in 0.11, gone from LoRAConfig by 0.15 (read in those wheels)
+LORA_EXTRA_VOCAB_UNTIL = (0, 15, 0)
+LORA_VOCAB_PADDING = 256         # LoRAConfig.lora_vocab_padding_size: the lm_head B buffer's rows
+
+
+def lora_bytes(setup: Setup, stage: int = 0) -> float:
+    """Bytes of one rank's LoRA buffers (`--enable-lora`): vLLM wraps every linear layer and the
+    embedding / lm_head (lora/models.py `_create_lora_modules`, `get_supported_lora_modules`) and
+    preallocates for max_loras adapters of max_lora_rank, in the model dtype, before the profile,
+    so they count with the weights ("Model loading took"). Per linear (lora/layers/*.py
+    `create_lora_weights`): column-parallel (qkv, gate_up: one A per slice) A = slices x rank x
+    input, B = output / TP x rank; row-parallel (o, down) A = rank x input / TP, B = output x rank
+    (output / TP with --fully-sharded-loras, which also splits a column layer's A rank). The
+    embedding: A = (vocab + extra) x rank, B = hidden x rank; the lm_head: A = rank x hidden, B =
+    the vocabulary padded to 256 x rank, whole on every rank; both with extra-vocabulary rows
+    before 0.15. Not modelled: LoRA on routed experts (FusedMoE) and on MLA's projections (their
+    linears are counted as plain q/kv/o)."""
+    n = setup.max_loras
+    if n <= 0:
+        return 0.0
+    m, tp, r = setup.model, setup.tp, setup.max_lora_rank
+    fs = setup.fully_sharded_loras
+    h = m.hidden_size
+    a_rank = r / tp if fs else r
+
+    def column(slices: int, inp: float, out: float) -> float:
+        return slices * a_rank * inp + out / tp * r
+
+    def row(inp: float, out: float) -> float:
+        return r * inp / tp + (out / tp if fs else out) * r
+    per_layer = []
+    moe = set(m.moe_layers)
+    for i in range(m.num_layers):
+        p = 0.0
+        if m.has_attention(i):
+            q = m.num_heads * m.head_dim
+            kv = 2 * m.num_kv_heads * m.head_dim
+            p += column(3, h, q + kv) + row(q, h)
+        if m.has_mixer(i):
+            p += column(1, h, 2 * h) + row(2 * h, h)      # in / out projections [approximation]
+        width = m.shared_expert_width if i in moe else (m.mlp_width(i) if m.has_mlp(i) else 0)
+        if width:
+            p += column(2 if m.gated_mlp else 1, h, (2 if m.gated_mlp else 1) * width) + row(width, h)
+        if i in moe:
+            p += r * h + m.num_experts * r                # the router (replicated)
+        per_layer.append(p)
+    stages = _stage_layers(m.num_layers, setup.pp)
+    first = sum(stages[:stage])
+    params = sum(per_layer[first:first + stages[stage]])
+    extra = 256 if setup.vllm_version < LORA_EXTRA_VOCAB_UNTIL else 0
+    if stage == 0:
+        params += (m.vocab_size + extra) * r + h * r + extra * h
+    if stage == setup.pp - 1:
+        params += r * h + math.ceil(m.vocab_size / LORA_VOCAB_PADDING) * LORA_VOCAB_PADDING * r + extra * h
+    return params * n * setup.dtype_bytes
+
+
 def offloaded_bytes(setup: Setup, stage: int = 0) -> tuple[float, float]:
     """(bytes, routed-expert bytes among them) of one rank's weights that `--cpu-offload-gb` moves
     to pinned host memory on PP stage `stage`: vLLM passes each decoder layer, first to last, through
@@ -555,7 +613,7 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True, allow_no_pool: bool = 
     draft_w = drafter.weight_bytes(setup)
     draft_page = _draft_page(setup, groups)
     for stage in range(setup.pp):
-        w = (weights_bytes(setup, stage) - offloaded_bytes(setup, stage)[0]
+        w = (weights_bytes(setup, stage) - offloaded_bytes(setup, stage)[0] + lora_bytes(setup, stage)
              + (draft_w if stage == setup.pp - 1 else 0.0))
         a = activation_bytes(setup, stage)
         nt = non_torch_bytes(setup)

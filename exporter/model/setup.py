@@ -216,6 +216,12 @@ class Setup:
     # --cpu-offload-gb: GiB of each rank's decoder-layer weights held in pinned host memory and
     # read through UVA every step (kv_cache.offloaded_bytes)
     cpu_offload_gb: float = 0.0
+    # --enable-lora: the adapters the engine holds at once (--max-loras; 0 without LoRA), their
+    # largest rank (--max-lora-rank) and --fully-sharded-loras: vLLM preallocates a stacked A and
+    # B buffer of every linear layer for them (kv_cache.lora_bytes)
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    fully_sharded_loras: bool = False
 
     @property
     def flashinfer_sampling(self) -> bool:
@@ -316,7 +322,8 @@ class Setup:
                      mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype, mm_limits=self.mm_limits,
                      skip_mm_profiling=self.skip_mm_profiling, mm_max_pixels=self.mm_max_pixels,
                      flashinfer_sampler=self.flashinfer_sampler, speculative_config=self.speculative,
-                     cpu_offload_gb=self.cpu_offload_gb)
+                     cpu_offload_gb=self.cpu_offload_gb, max_loras=self.max_loras,
+                     max_lora_rank=self.max_lora_rank, fully_sharded_loras=self.fully_sharded_loras)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -336,7 +343,8 @@ class Setup:
               skip_mm_profiling: bool = False, mm_max_pixels: int | None = None,
               flashinfer_sampler: bool | None = None,
               speculative_config: "str | Mapping | Speculative | None" = None,
-              cpu_offload_gb: float | None = None) -> "Setup":
+              cpu_offload_gb: float | None = None, max_loras: int | None = None,
+              max_lora_rank: int | None = None, fully_sharded_loras: bool = False) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -454,6 +462,10 @@ class Setup:
             raise InputError(f"--cpu-offload-gb must be >= 0 (got {cpu_offload_gb})")
         if spec is not None:
             drafter.validate(spec, arch, tp=int(tp), pp=int(pp), v0=v0, version=version)
+        loras = int(max_loras or 0)
+        rank = int(max_lora_rank or 16)
+        if loras < 0 or rank < 1:
+            raise InputError(f"--max-loras must be >= 1 and --max-lora-rank >= 1 (got {max_loras}, {max_lora_rank})")
         return cls(model=arch, gpu=dev, tp=int(tp), pp=int(pp), dtype=d, quantization=quant,
                    kv_cache_dtype=kv, gpu_memory_utilization=float(util), gpu_memory_gib=mem,
                    max_model_len=mml, max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
@@ -472,7 +484,8 @@ class Setup:
                    mm_limits=limits, skip_mm_profiling=bool(skip_mm_profiling),
                    mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None,
                    flashinfer_sampler=None if flashinfer_sampler is None else bool(flashinfer_sampler),
-                   speculative=spec, cpu_offload_gb=offload)
+                   speculative=spec, cpu_offload_gb=offload, max_loras=loras, max_lora_rank=rank,
+                   fully_sharded_loras=bool(fully_sharded_loras) and loras > 0)
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's
