@@ -26,7 +26,7 @@ from exporter.model.gpus import device_for_cli
 from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len, lora_bytes, offloaded_bytes
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
-from exporter.model.setup import KV_CACHE_MEMORY_BYTES, V1_DEFAULT, Setup
+from exporter.model.setup import KV_CACHE_MEMORY_BYTES, V1_DEFAULT, Setup, lora_slots
 from exporter.model.traffic import SLO, lengths_from_file
 from exporter.model.vision import encoder_profile
 from exporter.model import tradeoff
@@ -134,7 +134,8 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("engine flags", ("--max-loras",), dict(type=int, metavar="N", help="adapters held at once (default 1)")),
     ("engine flags", ("--max-lora-rank",), dict(type=int, metavar="R", help="largest adapter rank (default 16)")),
     ("engine flags", ("--fully-sharded-loras",), dict(action="store_true", help="split the LoRA buffers over TP")),
-    ("engine flags", ("--speculative-config",), dict(metavar="JSON", help="speculative decoding as vLLM reads it "
+    ("engine flags", ("--speculative-config",), dict(type=vllm_args.flag_type(vllm_args.speculative_label),
+                                                     metavar="JSON", help="speculative decoding as vLLM reads it "
                                                      "('{\"method\": \"eagle3\", \"model\": \"<head>\", "
                                                      "\"num_speculative_tokens\": 3}'; ngram, eagle, eagle3, mtp, "
                                                      "a draft model): the drafter's weights and KV pages, and its "
@@ -319,7 +320,7 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         flashinfer_sampler=_env_flag("VLLM_USE_FLASHINFER_SAMPLER"),
         speculative_config=_speculative(args),
         cpu_offload_gb=getattr(args, "cpu_offload_gb", None),
-        max_loras=(getattr(args, "max_loras", None) or 1) if getattr(args, "enable_lora", False) else 0,
+        max_loras=lora_slots(getattr(args, "enable_lora", False), getattr(args, "max_loras", None)),
         max_lora_rank=getattr(args, "max_lora_rank", None),
         fully_sharded_loras=bool(getattr(args, "fully_sharded_loras", False)))
 

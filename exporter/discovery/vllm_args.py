@@ -84,7 +84,7 @@ def mm_limits(text: str) -> dict[str, int]:
     return out
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
     """A flag value vLLM reads as a JSON object; ValueError naming the value otherwise."""
     try:
         given = json.loads(str(text))
@@ -98,7 +98,7 @@ def _json_object(text: str) -> dict[str, Any]:
 def mm_max_pixels(text: str) -> int | None:
     """The image processor's `max_pixels` in `--mm-processor-kwargs` (a JSON object; Qwen-VL
     resizes its images by it; also `size.longest_edge`, Qwen3-VL's name), None when it gives none."""
-    given = _json_object(text)
+    given = json_object(text)
     value = given.get("max_pixels")
     if value is None and isinstance(given.get("size"), dict):
         value = given["size"].get("longest_edge")
@@ -136,7 +136,7 @@ def gib(text: str) -> float:
 def speculative_label(text: str) -> str:
     """`--speculative-config` as a label value: its JSON object, compact with sorted keys (what
     `Setup.build(speculative_config=...)` reads back). ValueError when it is not a JSON object."""
-    return json.dumps(_json_object(text), sort_keys=True, separators=(",", ":"))
+    return json.dumps(json_object(text), sort_keys=True, separators=(",", ":"))
 
 
 def mm_limits_label(text: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from exporter.drift.inputs import DriftInput, Prediction
 from exporter.config import TargetSpec
-from exporter.discovery.vllm_args import mm_limits, speculative_label
+from exporter.discovery.vllm_args import gib, mm_limits, speculative_label
 from exporter.errors import InputError
 from exporter.model import optimizer, perf, resolve_gpu
 from exporter.model.optimizer import Tier
@@ -26,7 +26,7 @@ from exporter.model.architectures import ModelArch
 from exporter.model.gpus import GPU, find_gpu, generic_gpu, gpu_names, non_gpu_kind, tier_names
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.resolve import HubSettings, resolve_model, resolve_model_nowait
-from exporter.model.setup import Setup
+from exporter.model.setup import Setup, lora_slots
 from exporter.model.spec_decode import ASSUMED_SPEC, SpecConfig, gain
 from exporter.model.traffic import SLO, Traffic
 from exporter.model.vision import encoder_profile
@@ -165,16 +165,17 @@ def identify(spec: TargetSpec, model_name: str, root: str | None = None, *,
                     mm_max_pixels=hint_int("mm_max_pixels"),
                     speculative_config=_speculative_hint(hint("speculative_config")),
                     cpu_offload_gb=_gib_hint(hint("cpu_offload_gb")),
-                    max_loras=(hint_int("max_loras") or 1) if label_bool(hint("enable_lora")) is True else 0,
+                    max_loras=lora_slots(label_bool(hint("enable_lora")) is True, hint_int("max_loras")),
                     max_lora_rank=hint_int("max_lora_rank"),
                     fully_sharded_loras=label_bool(hint("fully_sharded_loras")) is True)
 
 
 def _gib_hint(value: Any) -> float:
-    """A `cpu_offload_gb` hint in GiB; 0 when absent, unreadable or negative (vLLM's default)."""
+    """A `cpu_offload_gb` hint in GiB (`vllm_args.gib`); 0 when absent, unreadable or negative
+    (vLLM's default)."""
     try:
-        return max(float(value), 0.0) if value else 0.0
-    except (TypeError, ValueError):
+        return gib(str(value)) if value else 0.0
+    except ValueError:
         return 0.0
 
 

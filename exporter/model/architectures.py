@@ -1447,8 +1447,9 @@ def _sampling_sorts(generation: Mapping[str, Any] | None) -> bool:
     return bool((top_k is not None and int(top_k) > 0) or (top_p is not None and float(top_p) < 1.0))
 
 
-def load_hf_config(path: str | Path) -> ModelArch:
-    """Read a local HF `config.json` (or a model directory holding one)."""
+def read_config_json(path: str | Path) -> tuple[dict, Path]:
+    """A local HF `config.json` (or a model directory holding one) parsed, and the file's path;
+    InputError naming the file when it cannot be read or is not a JSON object."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
@@ -1460,6 +1461,14 @@ def load_hf_config(path: str | Path) -> ModelArch:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{p}: config.json is not a JSON object")
+    return config, p
+
+
+def load_hf_config(path: str | Path) -> ModelArch:
+    """Read a local HF `config.json` (or a model directory holding one)."""
+    config, p = read_config_json(path)
     name = config.get("_name_or_path") or p.parent.name or str(p)
     return arch_from_config(config, name=str(name), where=str(p))
 

@@ -36,13 +36,11 @@ architecture is resolved by `Setup.build`.
 """
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from exporter.errors import InputError
-from exporter.model.architectures import FULL, ModelArch
+from exporter.model.architectures import FULL, ModelArch, normalize_quantization
 
 if TYPE_CHECKING:   # setup imports this module
     from exporter.model.setup import Setup
@@ -91,17 +89,17 @@ class Speculative:
 
 def parse_flag(text: str | Mapping[str, Any]) -> dict[str, Any]:
     """`--speculative-config` as vLLM takes it: a JSON object (its keys: method, model,
-    num_speculative_tokens, draft_tensor_parallel_size, quantization, ...)."""
+    num_speculative_tokens, draft_tensor_parallel_size, quantization, ...), read by
+    `vllm_args.json_object` as every JSON flag is."""
     if isinstance(text, Mapping):
         return dict(text)
+    # imported here: exporter.discovery's package imports the config, which imports the model
+    from exporter.discovery.vllm_args import json_object
     try:
-        value = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"--speculative-config: not a JSON object ({exc}); e.g. "
-                         "'{\"method\": \"eagle3\", \"model\": \"<head>\", \"num_speculative_tokens\": 3}'") from None
-    if not isinstance(value, dict):
-        raise InputError(f"--speculative-config: a JSON object expected, got {type(value).__name__}")
-    return value
+        return json_object(text)
+    except ValueError as exc:
+        raise InputError(f"--speculative-config: a JSON object expected ({exc}); e.g. '{{\"method\": \"eagle3\", \"model\": "
+                         f"\"<head>\", \"num_speculative_tokens\": 3}}'") from None
 
 
 def method_of(cfg: Mapping[str, Any], draft: ModelArch | None = None) -> str:
@@ -170,7 +168,7 @@ def from_flag(flag: str | Mapping[str, Any],
     elif method == "eagle" and draft is None:
         notes.append(f"EAGLE head {model or ''} read as one layer of the target's width sharing its "
                      "embedding and lm_head; give its config.json path as model for its own")
-    quant = cfg.get("quantization") or (draft.quantization if draft is not None else None)
+    quant = normalize_quantization(cfg.get("quantization")) or (draft.quantization if draft is not None else None)
     return Speculative(method=method, num_speculative_tokens=k, model=model, draft=draft,
                        draft_vocab_size=vocab, draft_quantization=quant, draft_tp=draft_tp,
                        notes=tuple(notes))
@@ -181,19 +179,13 @@ def _own_config(name: str) -> tuple[ModelArch | None, Mapping[str, Any]]:
     local directory or file holding one."""
     from pathlib import Path
 
-    from exporter.model.architectures import load_hf_config
+    from exporter.model.architectures import arch_from_config, read_config_json
 
     path = Path(name).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
+    if not (path / "config.json" if path.is_dir() else path).is_file():
         return None, {}
-    arch = load_hf_config(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:   # load_hf_config has read it already
-        raw = {}
-    return arch, raw if isinstance(raw, dict) else {}
+    raw, path = read_config_json(path)
+    return arch_from_config(raw, name=str(raw.get("_name_or_path") or path.parent.name), where=str(path)), raw
 
 
 def runs_on_v0(spec: Speculative | None, version: tuple[int, int, int]) -> bool:
@@ -258,8 +250,11 @@ def _head_arch(setup: "Setup") -> ModelArch:
     return _layers_only(setup.model, 1, moe=False)
 
 
-def _padded_vocab(vocab: int, tp: int) -> int:
-    return math.ceil(vocab / (64 * tp)) * 64 * tp
+def _draft_setup(setup: "Setup") -> "Setup":
+    """The target's deployment with the draft model in its place (its own weight scheme, one
+    pipeline stage, no drafter of its own)."""
+    spec = setup.speculative
+    return replace(setup, model=spec.draft, quantization=spec.draft_quantization, speculative=None, pp=1)
 
 
 def weight_bytes(setup: "Setup") -> float:
@@ -274,9 +269,7 @@ def weight_bytes(setup: "Setup") -> float:
     if spec.method == "draft_model":
         if setup.v0 and setup.vllm_version >= V0_DRAFT_WEIGHTS_UNCOUNTED_FROM:
             return 0.0      # on the GPU all the same, but not in what V0's profile subtracts
-        draft = setup.rebuilt(model=spec.draft, quantization=spec.draft_quantization,
-                              speculative_config=None, pp=1)
-        return kv_cache.weights_bytes(draft)
+        return kv_cache.weights_bytes(_draft_setup(setup))
     if spec.method == "mtp":
         layers = _layers_only(m, m.mtp_layers, moe=m.is_moe)
         body = kv_cache.weights_bytes(replace(setup, model=layers, speculative=None))
@@ -285,7 +278,7 @@ def weight_bytes(setup: "Setup") -> float:
         # own shared_head lm_head (ParallelLMHead, split); MiMo's and Qwen3-Next's model-level
         # lm_head is replaced by the target's in EagleProposer.load_model, so it is freed
         proj = 2 * h * h / (tp if m.model_type in ("qwen3_next",) else 1)
-        head = _padded_vocab(m.vocab_size, tp) * h / tp if m.model_type in SHARED_HEAD_MTP_TYPES else 0.0
+        head = kv_cache.padded_vocab(m.vocab_size, tp) * h / tp if m.model_type in SHARED_HEAD_MTP_TYPES else 0.0
         return body + m.mtp_layers * (proj + head) * native
     head = _head_arch(setup)
     body = kv_cache.weights_bytes(replace(setup, model=head, speculative=None, quantization=None))
@@ -296,7 +289,7 @@ def weight_bytes(setup: "Setup") -> float:
         fc = 3 * head.hidden_size * head.hidden_size
         vocab = spec.draft_vocab_size or EAGLE3_DRAFT_VOCAB
         lm_head = 0.0 if vocab == m.vocab_size and head.hidden_size == h else \
-            _padded_vocab(vocab, tp) * head.hidden_size / tp
+            kv_cache.padded_vocab(vocab, tp) * head.hidden_size / tp
         return body + (fc + lm_head) * native
     return body + 2 * head.hidden_size * head.hidden_size * native
 
@@ -310,8 +303,7 @@ def kv_token_bytes(setup: "Setup") -> int:
     if spec is None or spec.method == "ngram":
         return 0
     if spec.method == "draft_model":
-        draft = replace(setup, model=spec.draft, speculative=None, pp=1)
-        return kv_cache.bytes_per_token(draft)
+        return kv_cache.bytes_per_token(_draft_setup(setup))
     if spec.method == "mtp":
         return setup.model.mtp_layers * kv_cache.token_bytes_per_layer(replace(setup, speculative=None))
     head = _head_arch(setup)
@@ -323,11 +315,10 @@ def same_page_as_target(setup: "Setup") -> bool:
     target's full-attention group (what a hybrid target needs to be modelled)."""
     from exporter.model import kv_cache
 
-    spec = setup.speculative
-    per = kv_cache.token_bytes_per_layer(replace(setup, speculative=None))
-    layers = {"mtp": setup.model.mtp_layers}.get(spec.method) or \
-        (_head_arch(setup).num_layers if spec.method in ("eagle", "eagle3") else 0)
-    return layers > 0 and kv_token_bytes(setup) == layers * per
+    layers = draft_layers(setup)
+    if not layers or setup.speculative.method == "draft_model":
+        return False
+    return kv_token_bytes(setup) == layers * kv_cache.token_bytes_per_layer(replace(setup, speculative=None))
 
 
 def draft_layers(setup: "Setup") -> int:

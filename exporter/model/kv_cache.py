@@ -295,6 +295,12 @@ def dense_linear_bytes(setup: Setup) -> float:
     return on_rank(dense - keep, rep - rep_keep) * qbytes + on_rank(keep, rep_keep) * native
 
 
+def padded_vocab(vocab: int, tp: int) -> int:
+    """Rows of a vocabulary-parallel embedding or lm_head: padded to 64 per rank
+    (VocabParallelEmbedding's DEFAULT_VOCAB_PADDING_SIZE)."""
+    return math.ceil(vocab / (64 * tp)) * 64 * tp
+
+
 def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float:
     """Bytes of weights on one rank of PP stage `stage`; `padded=False`: without the MXFP4 MoE
     layout's padding (what the step reads, perf.shape_for; the allocation counts it)."""
@@ -318,8 +324,7 @@ def weights_bytes(setup: Setup, stage: int = 0, *, padded: bool = True) -> float
     else:
         linear_bytes = dense_bytes + experts * (qbytes if qbytes is not None else native) * eshare
     share = _stage_layers(m.num_layers, pp)[stage] / m.num_layers
-    padded_vocab = math.ceil(m.vocab_size / (64 * tp)) * 64 * tp
-    emb = padded_vocab * m.hidden_size * native
+    emb = padded_vocab(m.vocab_size, tp) * m.hidden_size * native
     total = (linear_bytes + other * native) * share
     if stage == 0:
         share_rep = CALIBRATION["tower_replicated_share"]

@@ -587,6 +587,12 @@ def make_setup(model: str | ModelArch, gpu: str | GPU, **kwargs) -> Setup:
     return Setup.build(model, gpu, **kwargs)
 
 
+def lora_slots(enable_lora: bool | None, max_loras: int | None) -> int:
+    """The adapters a server holds at once (`Setup.max_loras`) from its flags: `--max-loras`
+    (vLLM's default 1) only with `--enable-lora`, which vLLM ignores it without; 0 without LoRA."""
+    return (max_loras or 1) if enable_lora else 0
+
+
 def _catalog_draft(name: str) -> ModelArch | None:
     """A draft model named in --speculative-config, from the built-in catalog (calc and the
     daemon pass a Speculative resolved through the full chain instead)."""
