@@ -51,9 +51,16 @@ CALIBRATION = {
     # beyond the logits themselves in the model dtype (so fp32 models cost 2 B more)
     "sampler_bytes_per_logit": 13.4,          # >= 0.17 (Llama 1024x128256 -> 1.89 GiB)
     "sampler_bytes_per_logit_pre017": 36.9,   # < 0.17 (Qwen3-0.6B 5.56, Llama 4.76 GiB)
-    # forward pass over max_num_batched_tokens: bytes per token per MLP-intermediate channel
-    # on this rank (gate/up output, activation, down input) plus per hidden channel
-    "forward_bytes_per_token_inter": 8.2,
+    # forward pass over max_num_batched_tokens, bytes per token: per MLP-intermediate channel on
+    # this rank (the gate/up output, 4 B, and the activation's output, 2 B: split over TP) and
+    # per hidden channel (four 16-bit hidden-wide tensors alive at the MLP: its input, the
+    # residual, the normed copy, the down projection's output: whole on every rank). Read off two
+    # public forward-bound profiles nothing else was fitted on: Qwen2.5-7B at TP1 on a V100 (0.8.5,
+    # 32,768 tokens: 4.35 GiB logged) and Llama-3.1-8B at TP8 on MI300X (0.6.4, 131,072 tokens:
+    # 5.34 GiB, peak_torch_memory minus the weights) give 6.0 and 8.0. One per-intermediate
+    # constant (8.2 B, the hidden part folded in at TP1's ratio) put the TP8 peak at 1.79 GiB
+    "forward_bytes_per_token_inter": 6.0,
+    "forward_bytes_per_token_hidden": 8.0,
     # fused-MoE workspace that stays cached after the forward: bytes per (token x top-k x
     # (2*expert_inter/tp + hidden))
     "moe_workspace_bytes": 2.0,
@@ -486,7 +493,8 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     if m.is_moe:
         inter = max(inter, m.shared_expert_width)
     scale = setup.dtype_bytes / 2
-    forward = tokens * c["forward_bytes_per_token_inter"] * inter / tp * scale
+    forward = tokens * (c["forward_bytes_per_token_inter"] * inter / tp
+                        + c["forward_bytes_per_token_hidden"] * m.hidden_size) * scale
     moe_ws = 0.0
     if m.is_moe and setup.quantization != "mxfp4":  # the MXFP4 MoE kernels keep no workspace
         # per-rank expert width: whole experts under EP, 1/(tp x dp) of each otherwise
@@ -503,8 +511,8 @@ def activation_bytes(setup: Setup, stage: int = 0) -> float:
     # V0's dummy run (top_p 0.99, top_k vocab - 1) sorted the vocabulary in PyTorch like V1's native
     # top-k/top-p path, and its peak is the larger of the forward's and the sampler's (the forward's
     # activations are freed before sampling): public V0 startups log 0.90 GiB for Llama-3.2-3B on
-    # a T4 at 0.8.2 (192 rows: sampler 0.89, forward 0.13) and 4.35 for Qwen2.5-7B on a V100 at
-    # 0.8.5 (a 32,768-token forward: 4.74; tests/model/test_public_startups_gpus.py); also 1.40
+    # a T4 at 0.8.2 (192 rows: sampler 0.89, forward 0.14) and 4.35 for Qwen2.5-7B on a V100 at
+    # 0.8.5 (a 32,768-token forward: 4.34; tests/model/test_public_startups_gpus.py); also 1.40
     # for two Qwen2 models at 0.7.x (1.41) and 1.83 for Phi-4-mini's 200k vocabulary (1.86)
     per_logit = c["sampler_bytes_per_logit"] if small else c["sampler_bytes_per_logit_pre017"]
     sampler = (per_logit + setup.dtype_bytes) * rows * m.vocab_size

@@ -77,7 +77,7 @@ def test_profile_peak_counts_shared_experts_as_a_dense_mlp_and_routed_ones_once(
     """The dummy forward's widest dense MLP in an MoE model is its shared experts (Qwen2-MoE's
     one shared_expert_intermediate_size wide, or n_shared_experts of the expert width); its routed
     experts are the fused-MoE workspace alone. A small-vocabulary config where the forward term
-    decides: 8,192 tokens x 8.2 B x the 8,192-wide shared expert."""
+    decides: 8,192 tokens x (6 B x the 8,192-wide shared expert + 8 B x the 1,024-wide hidden)."""
     from exporter.model.architectures import arch_from_config
     from exporter.model.kv_cache import CALIBRATION, activation_bytes
     cfg = {"model_type": "qwen2_moe", "num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
@@ -88,7 +88,8 @@ def test_profile_peak_counts_shared_experts_as_a_dense_mlp_and_routed_ones_once(
     assert m.shared_expert_width == 8192
     s = Setup.build(m, "H100-80GB", max_model_len=8192, vllm_version="0.19.0")
     assert s.max_num_batched_tokens == 8192
-    assert activation_bytes(s) == pytest.approx(8192 * CALIBRATION["forward_bytes_per_token_inter"] * 8192)
+    assert activation_bytes(s) == pytest.approx(8192 * (CALIBRATION["forward_bytes_per_token_inter"] * 8192
+                                                        + CALIBRATION["forward_bytes_per_token_hidden"] * 1024))
     # n_shared_experts of the expert width (DeepSeek style) is the same width
     deep = arch_from_config({**{k: v for k, v in cfg.items() if k != "shared_expert_intermediate_size"},
                              "model_type": "deepseek_v2", "n_shared_experts": 32, "n_routed_experts": 8,
