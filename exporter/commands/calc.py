@@ -89,13 +89,13 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                                         "--gpu-memory-utilization (40G = 40 GiB, 40g = 40e9 bytes)")),
     ("engine flags", ("--num-gpu-blocks-override",), dict(type=int, metavar="N", help="KV cache blocks per GPU as "
                                                           "given (vLLM's testing override)")),
-    ("engine flags", ("--enable-chunked-prefill",), dict(action=argparse.BooleanOptionalAction, default=None,
+    ("engine flags", ("--enable-chunked-prefill",), dict(action=vllm_args.BooleanFlag, default=None,
                                                          help="default: vLLM's for the version (always from "
                                                               "V1; V0 above 32k context)")),
-    ("engine flags", ("--enable-prefix-caching",), dict(action=argparse.BooleanOptionalAction, default=None,
+    ("engine flags", ("--enable-prefix-caching",), dict(action=vllm_args.BooleanFlag, default=None,
                                                         help="default: vLLM's for the version (on from V1, for "
                                                              "Mamba / linear-attention hybrids from 0.28)")),
-    ("engine flags", ("--async-scheduling",), dict(action=argparse.BooleanOptionalAction, default=None,
+    ("engine flags", ("--async-scheduling",), dict(action=vllm_args.BooleanFlag, default=None,
                                                    help="default: vLLM's for the version (on from 0.14; from 0.26 "
                                                         "a sliding-window request is sized for two batches in "
                                                         "flight; vLLM's CPU build runs without)")),

@@ -121,6 +121,45 @@ def flag_type(conv: Callable[[str], Any]) -> Callable[[str], Any]:
     return read
 
 
+_TRUE = frozenset(("true", "1", "yes", "y", "on"))
+_FALSE = frozenset(("false", "0", "no", "n", "off"))
+
+
+def boolean(text: str) -> bool:
+    """A boolean flag's value as vLLM's older parsers took it (`--enable-chunked-prefill=False`,
+    `--enable-chunked-prefill False`: V0's StoreBoolean, nargs="?"); ValueError otherwise."""
+    value = str(text).strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false)")
+
+
+class BooleanFlag(argparse.BooleanOptionalAction):
+    """`--flag` / `--no-flag` (vLLM's BooleanOptionalAction flags), and the value forms its V0
+    parser also took, `--flag=false` and `--flag False`, so a vLLM command line can be pasted
+    as it was run."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, default: Any = None, **kwargs: Any):
+        super().__init__(option_strings, dest, default=default, **kwargs)
+        self.nargs = "?"
+        self.metavar = "BOOL"
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        negated = bool(option_string and option_string.startswith("--no-"))
+        if values is None:
+            setattr(namespace, self.dest, not negated)
+            return
+        if negated:
+            parser.error(f"{option_string} takes no value (got {values!r})")
+        try:
+            setattr(namespace, self.dest, boolean(values))
+        except ValueError as exc:
+            parser.error(f"{option_string}: {exc}")
+
+
 def gib(text: str) -> float:
     """A size in GiB as vLLM's float flags take it (`--cpu-offload-gb 8`, `4.5`); ValueError when
     it is not a number or is negative (vLLM's `ge=0`)."""
@@ -231,6 +270,16 @@ def parse_vllm_args(argv: Sequence[str]) -> dict[str, object]:
             name = _SHORT.get(name, name)
         if name in _BOOL_FLAGS:
             key, value = _BOOL_FLAGS[name]
+            if eq:
+                # `--enable-prefix-caching=False`: the value decides (left out when it is not a
+                # boolean, or on a `--no-` flag, which vLLM refuses with a value)
+                try:
+                    given = boolean(inline)
+                except ValueError:
+                    continue
+                if name.startswith("no-"):
+                    continue
+                value = given
             hints[key] = value
             continue
         if name == "served-model-name":

@@ -297,6 +297,21 @@ def test_chunked_prefill_flag_sets_what_one_step_must_hold():
     assert whole["kv_cache"]["tokens"] < chunked["kv_cache"]["tokens"]
 
 
+def test_boolean_engine_flags_take_the_value_forms_of_vllms_older_parser():
+    """A V0 command line pasted as it was run: `--enable-chunked-prefill=False` and
+    `--enable-chunked-prefill False` (V0's StoreBoolean) mean what `--no-enable-chunked-prefill`
+    means; a value that is not a boolean, or one given to a `--no-` flag, exits 2 naming the flag."""
+    few = ("--max-model-len", "16384", "--max-num-seqs", "16", "--json")
+    tokens = lambda *flags: json.loads(calc(*LLAMA_H100, *few, *flags).stdout)["setup"]["max_num_batched_tokens"]
+    assert tokens("--enable-chunked-prefill=False") == tokens("--enable-chunked-prefill", "false") \
+        == tokens("--no-enable-chunked-prefill") == 16384
+    assert tokens("--enable-chunked-prefill=true") == tokens("--enable-chunked-prefill") == 8192
+    bad = calc(*LLAMA_H100, "--enable-chunked-prefill", "maybe", "--json")
+    assert bad.returncode == 2 and "--enable-chunked-prefill: 'maybe' is not a boolean" in bad.stderr
+    negated = calc(*LLAMA_H100, "--no-enable-prefix-caching=true", "--json")
+    assert negated.returncode == 2 and "--no-enable-prefix-caching takes no value" in negated.stderr
+
+
 @pytest.mark.parametrize("gpu, extra, says", [
     ("T4", ("--dtype", "bfloat16"), "Bfloat16 is only supported on GPUs with compute capability of at least 8.0"),
     ("T4", ("--quantization", "fp8"), "fp8 is not supported for T4: minimum capability 80, current capability 75"),

@@ -210,6 +210,11 @@ def test_missing_kubeconfig_is_reported_not_fatal(tmp_path):
     (["vllm", "serve", "m/e", "--data-parallel-size", "4", "--enable-expert-parallel"],
      {"model": "m/e", "dp": 4, "expert_parallel": True}),
     (["vllm", "serve", "m/n", "--no-async-scheduling"], {"model": "m/n", "async_scheduling": False}),
+    # a boolean flag's value decides (vLLM's older parsers took `--flag=False`); one that is not a
+    # boolean, or given to a `--no-` flag, says nothing
+    (["vllm", "serve", "m/b", "--enable-prefix-caching=False", "--enforce-eager=true"],
+     {"model": "m/b", "enable_prefix_caching": False, "enforce_eager": True}),
+    (["vllm", "serve", "m/c", "--enable-prefix-caching=sometimes", "--no-async-scheduling=1"], {"model": "m/c"}),
     # multimodal profile flags: JSON or the older form, max_pixels out of the processor kwargs
     (["vllm", "serve", "m/vl", "--limit-mm-per-prompt", '{"video": 0, "image": 2}', "--skip-mm-profiling",
       "--mm-processor-kwargs", '{"max_pixels": 1003520, "min_pixels": 3136}'],
