@@ -34,7 +34,7 @@ from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_T
                                    MAMBA2_PREFILL_CHECKPOINT, MOE_CHUNK_16K_UNTIL,
                                    MOE_CHUNK_32K_UNTIL, PP_WHOLE_MODEL_CHECK, SMALL_SAMPLER,
                                    STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY,
-                                   V1_DEVICE_WIDE_NON_TORCH_BEFORE, Setup)
+                                   V0_MEMORY_PROFILING, V1_DEVICE_WIDE_NON_TORCH_BEFORE, Setup)
 from exporter.model.vision import SKIP_MM_PROFILING_FROM, encoder_profile
 from exporter.model import drafter
 from exporter.parse.version import format_version
@@ -67,6 +67,11 @@ CALIBRATION = {
     # non-torch memory growth during profiling (NCCL/custom all-reduce buffers, workspaces), GiB
     "non_torch_single_gib": 0.25,
     "non_torch_single_pre017_gib": 0.13,  # llm-d-benchmark late-2025 rows
+    # V0 from 0.6.5 (`memory_profiling`: the growth since the worker's baseline) on one GPU: public
+    # logs print 0.03-0.05 GiB on T4s (0.7.1-0.9.2, eight Unsloth notebook runs of
+    # unslothai/notebooks) and an RTX 4060, 0.05 on an A10, 0.06-0.10 on an RTX 3090, 4090 / 4090 D
+    # and A100-40GB: their median. V1's compiled graphs on an H100 grow 0.13
+    "non_torch_single_v0_gib": 0.05,
     "non_torch_tp_pre017_gib": 0.55,      # the same, TP2 on H100 (NVSwitch: NCCL's NVLS buffers)
     # TP ranks without NVLS (PCIe, bridges, A100's NVLink 3) before 0.17: the pools of the two TP2
     # servers of one A100 0.10.1 sweep (github.com/dennislee22/vLLM-benchmarking, custom
@@ -573,6 +578,8 @@ def non_torch_bytes(setup: Setup) -> float:
         context = c["cuda_context_v1_pre091_gib"] if v1_device_wide else c["cuda_context_gib"]
         base = context + (c["nccl_init_gib"] if comm and _nvls(setup) else 0.0)
         return (base + pre017) * GIB
+    if setup.v0 and setup.vllm_version >= V0_MEMORY_PROFILING and not comm and setup.pp == 1:
+        return c["non_torch_single_v0_gib"] * GIB
     if setup.vllm_version < SMALL_SAMPLER:
         return pre017 * GIB
     if comm:

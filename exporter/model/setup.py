@@ -118,6 +118,8 @@ DEFAULT_VLLM_VERSION: Version = (0, 19, 0)  # the release the calculator is cali
 # its RTX 3090 startups print 0.35 GiB of non-torch memory but an activation peak ~0.2 GiB below the
 # model's, and land within 3 % that way [a known gap: each term is off, the sum is not].
 DEVICE_WIDE_NON_TORCH_BEFORE = (0, 6, 4)
+# the first release whose V0 worker charges `memory_profiling`'s non-torch growth since a baseline
+V0_MEMORY_PROFILING = (0, 6, 5)
 # The V1 worker did the same until it reused V0's `memory_profiling` (vllm PR #19312, first in
 # 0.9.1; read in the 0.9.0 and 0.9.1 wheels): 0.8.0-0.9.0's determine_available_memory in
 # vllm/v1/worker/gpu_worker.py adds "mem_get_info used - torch allocated" after the profile run to

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.model.gpus import device_for_cli
+from exporter.model.gpus import generic_gpu
 from exporter.model.kv_cache import GIB, activation_bytes, kv_capacity
 from exporter.model.setup import Setup
 
 VAULT = "github.com/AUGMXNT/llm-tracker.info-vault"
 NOTEBOOKS = "github.com/AUGMXNT/MI300-testing"
 # Radeon PRO W7900: the total its 0.6.4 profiling line printed (total_gpu_memory=44.98GiB)
-W7900 = device_for_cli(None, memory_gib=44.98)
+W7900 = generic_gpu(44.98)   # a device described by its memory alone, as `calc --gpu-memory-gib` makes it
 
 # (id, source, model, gpu, version, Setup.build flags, "# GPU blocks" x 16)
 STARTUPS = [
