@@ -27,7 +27,7 @@ Attention layers the target did not have). Read in vLLM's wheels 0.7.3, 0.11.0, 
   on the V0 engine (0.8-0.10 fell back to it), whose SpecDecodeWorker profiled the target alone
   and split the target's blocks between the two caches by page size: the same pages per block,
   and from 0.6.5 without the draft weights coming out of the pool (`runs_on_v0`,
-  V0_DRAFT_WEIGHTS_UNCOUNTED_FROM).
+  setup.V0_MEMORY_PROFILING).
 
 Not modelled: the drafter's own dummy run in the profile (one layer after the target's forward,
 under the target's peak), its CUDA graphs, pipeline parallelism (the drafter runs on the last
@@ -67,8 +67,8 @@ V0_REMOVED = (0, 11, 0)
 # blocks between the two caches by page size (`split_num_cache_blocks_evenly`); from 0.6.5 that
 # profile (`memory_profiling`) counts the target's weights only, so the draft model's do not come
 # out of the pool (vllm PRs #13221 and #14067 to count them were closed unmerged); before, the free
-# memory the worker lost since it started counted them. Read in the 0.7.3 wheel.
-V0_DRAFT_WEIGHTS_UNCOUNTED_FROM = (0, 6, 5)
+# memory the worker lost since it started counted them (setup.V0_MEMORY_PROFILING). Read in the
+# 0.7.3 wheel.
 
 
 @dataclass(frozen=True)
@@ -260,6 +260,7 @@ def _draft_setup(setup: "Setup") -> "Setup":
 def weight_bytes(setup: "Setup") -> float:
     """Bytes the drafter adds to one rank's weights (0 without one, and for ngram)."""
     from exporter.model import kv_cache   # kv_cache imports setup, which imports this module
+    from exporter.model.setup import V0_MEMORY_PROFILING
 
     spec = setup.speculative
     if spec is None or spec.method == "ngram":
@@ -267,7 +268,7 @@ def weight_bytes(setup: "Setup") -> float:
     m, tp, native = setup.model, setup.tp, setup.dtype_bytes
     h = m.hidden_size
     if spec.method == "draft_model":
-        if setup.v0 and setup.vllm_version >= V0_DRAFT_WEIGHTS_UNCOUNTED_FROM:
+        if setup.v0 and setup.vllm_version >= V0_MEMORY_PROFILING:
             return 0.0      # on the GPU all the same, but not in what V0's profile subtracts
         return kv_cache.weights_bytes(_draft_setup(setup))
     if spec.method == "mtp":

@@ -55,7 +55,7 @@ CALIBRATION = {
     # this rank (the gate/up output, 4 B, and the activation's output, 2 B: split over TP) and
     # per hidden channel (four 16-bit hidden-wide tensors alive at the MLP: its input, the
     # residual, the normed copy, the down projection's output: whole on every rank). Read off two
-    # public forward-bound profiles nothing else was fitted on: Qwen2.5-7B at TP1 on a V100 (0.8.5,
+    # public forward-bound profiles: Qwen2.5-7B at TP1 on a V100 (0.8.5,
     # 32,768 tokens: 4.35 GiB logged) and Llama-3.1-8B at TP8 on MI300X (0.6.4, 131,072 tokens:
     # 5.34 GiB, peak_torch_memory minus the weights) give 6.0 and 8.0. One per-intermediate
     # constant (8.2 B, the hidden part folded in at TP1's ratio) put the TP8 peak at 1.79 GiB
