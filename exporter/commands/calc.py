@@ -318,6 +318,7 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         skip_mm_profiling=bool(getattr(args, "skip_mm_profiling", False)),
         mm_max_pixels=getattr(args, "mm_max_pixels", None),
         flashinfer_sampler=_env_flag("VLLM_USE_FLASHINFER_SAMPLER"),
+        use_v1=_env_flag("VLLM_USE_V1"),
         speculative_config=_speculative(args),
         cpu_offload_gb=getattr(args, "cpu_offload_gb", None),
         max_loras=lora_slots(getattr(args, "enable_lora", False), getattr(args, "max_loras", None)),
@@ -373,8 +374,10 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
         profile = (f"a chunked prefill of {setup.max_num_batched_tokens} tokens" if setup.enable_chunked_prefill
                    else f"one un-chunked prefill of {setup.max_num_batched_tokens} tokens (V0 chunks prefills "
                         "by itself only above 32k context)")
-        notes.append(f"vLLM {format_version(setup.vllm_version)} runs the V0 engine on {setup.gpu.name} "
-                     f"(compute capability {setup.gpu.compute_capability}; V1 needs 8.0 before 0.10.2): it "
+        why = ("as VLLM_USE_V1=0 asks" if setup.use_v1 is False
+               else f"on {setup.gpu.name} (compute capability {setup.gpu.compute_capability}; V1 needs 8.0 "
+                    "before 0.10.2)")
+        notes.append(f"vLLM {format_version(setup.vllm_version)} runs the V0 engine {why}: it "
                      f"logs '# GPU blocks' and its memory profile is {profile}")
     if setup.kv_cache_memory_bytes and setup.vllm_version < KV_CACHE_MEMORY_BYTES:
         notes.append(f"--kv-cache-memory-bytes: vLLM {format_version(setup.vllm_version)} may not have it "

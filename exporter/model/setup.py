@@ -147,6 +147,15 @@ def nvidia_capability(dev: GPU) -> int | None:
     return major * 10 + minor
 
 
+def runs_v0(version: Version, dev: GPU, spec: Speculative | None = None, use_v1: bool | None = None) -> bool:
+    """Whether the deployment runs the V0 engine: the release's choice on this device (and for a
+    separate draft model, drafter.runs_on_v0), or VLLM_USE_V1=0 where V0 still ships (`Setup.build`
+    refuses it from 0.11, as vLLM does)."""
+    if use_v1 is False:
+        return True
+    return engine_is_v0(version, dev) or drafter.runs_on_v0(spec, version)
+
+
 def engine_is_v0(version: Version, dev: GPU) -> bool:
     """Whether vLLM `version` runs the V0 engine on `dev`: every release before V1_DEFAULT, and on
     NVIDIA GPUs below compute capability 8.0 those before V1_BEFORE_AMPERE (V1 fell back to V0)."""
@@ -224,6 +233,9 @@ class Setup:
     max_loras: int = 0
     max_lora_rank: int = 16
     fully_sharded_loras: bool = False
+    # VLLM_USE_V1 as the server's environment sets it (None: unset, the release's engine); 0
+    # runs V0 on 0.8-0.10, where V1 is the default (fine-tuning stacks set it: Unsloth's loader)
+    use_v1: bool | None = None
 
     @property
     def flashinfer_sampling(self) -> bool:
@@ -244,7 +256,7 @@ class Setup:
 
     @property
     def v0(self) -> bool:
-        return engine_is_v0(self.vllm_version, self.gpu) or drafter.runs_on_v0(self.speculative, self.vllm_version)
+        return runs_v0(self.vllm_version, self.gpu, self.speculative, self.use_v1)
 
     @property
     def num_gpus(self) -> int:
@@ -325,7 +337,8 @@ class Setup:
                      skip_mm_profiling=self.skip_mm_profiling, mm_max_pixels=self.mm_max_pixels,
                      flashinfer_sampler=self.flashinfer_sampler, speculative_config=self.speculative,
                      cpu_offload_gb=self.cpu_offload_gb, max_loras=self.max_loras,
-                     max_lora_rank=self.max_lora_rank, fully_sharded_loras=self.fully_sharded_loras)
+                     max_lora_rank=self.max_lora_rank, fully_sharded_loras=self.fully_sharded_loras,
+                     use_v1=self.use_v1)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
 
     @classmethod
@@ -346,7 +359,8 @@ class Setup:
               flashinfer_sampler: bool | None = None,
               speculative_config: "str | Mapping | Speculative | None" = None,
               cpu_offload_gb: float | None = None, max_loras: int | None = None,
-              max_lora_rank: int | None = None, fully_sharded_loras: bool = False) -> "Setup":
+              max_lora_rank: int | None = None, fully_sharded_loras: bool = False,
+              use_v1: bool | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
         (calc without `--kv-cache-dtype`): the cache such a deployment is run with
         (`deployed_kv_dtype`); "auto": vLLM's own resolution of `--kv-cache-dtype auto`."""
@@ -400,7 +414,17 @@ class Setup:
         if speculative_config is not None:
             spec = speculative_config if isinstance(speculative_config, Speculative) \
                 else drafter.from_flag(speculative_config, resolve=_catalog_draft)
-        v0 = engine_is_v0(version, dev) or drafter.runs_on_v0(spec, version)
+        if use_v1 is False and version >= drafter.V0_REMOVED:
+            # 0.11's API server asserts envs.VLLM_USE_V1 (vllm/engine/llm_engine.py is V1's)
+            raise InputError(f"VLLM_USE_V1=0: vLLM {format_version(version)} ships no V0 engine "
+                             f"(removed in {format_version(drafter.V0_REMOVED)})")
+        if use_v1 and runs_v0(version, dev, spec):
+            # create_engine_config: "If VLLM_USE_V1=1 ... raise error for unsupported features"
+            # (V1 before its default, on a device or with a drafter it did not support)
+            raise InputError(f"VLLM_USE_V1=1: vLLM {format_version(version)} runs this deployment on "
+                             "V0 only" + (" (V1 before its 0.8.0 default is not modelled)"
+                                          if version < V1_DEFAULT else ""))
+        v0 = runs_v0(version, dev, spec, use_v1)
         if v0:
             seqs = max_num_seqs or 256
             # V0 turned chunked prefill on by itself only for contexts > 32k, and not for models
@@ -487,7 +511,8 @@ class Setup:
                    mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None,
                    flashinfer_sampler=None if flashinfer_sampler is None else bool(flashinfer_sampler),
                    speculative=spec, cpu_offload_gb=offload, max_loras=loras, max_lora_rank=rank,
-                   fully_sharded_loras=bool(fully_sharded_loras) and loras > 0)
+                   fully_sharded_loras=bool(fully_sharded_loras) and loras > 0,
+                   use_v1=None if use_v1 is None else bool(use_v1))
 
 
 # The least NVIDIA compute capability each weight scheme's kernels run on (vLLM's

@@ -297,6 +297,29 @@ def test_chunked_prefill_flag_sets_what_one_step_must_hold():
     assert whole["kv_cache"]["tokens"] < chunked["kv_cache"]["tokens"]
 
 
+def test_vllm_use_v1_zero_runs_v0_where_it_ships_and_is_refused_where_vllm_refuses():
+    """VLLM_USE_V1 is read from calc's environment as vLLM reads it: 0 on 0.8-0.10 runs V0 (its
+    '# GPU blocks' accounting and profile), 0 from 0.11 exits 2 (its API server asserts V1), and
+    1 where the release runs the deployment on V0 only (a T4 before 0.10.2) exits 2."""
+    env = lambda value: {**os.environ, "VLLM_USE_V1": value}
+    run = lambda value, *args: subprocess.run([sys.executable, "-m", "exporter", "calc", *args, "--json"],
+                                              capture_output=True, text=True, timeout=120, env=env(value))
+    h100 = ("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--max-model-len", "8192")
+    v0 = run("0", *h100, "--vllm-version", "0.9.0")
+    v1 = run("1", *h100, "--vllm-version", "0.9.0")
+    assert v0.returncode == 0 and v1.returncode == 0, v0.stderr + v1.stderr
+    assert "runs the V0 engine as VLLM_USE_V1=0 asks" in v0.stderr
+    # V0 profiles one un-chunked prefill of the context (8,192 tokens) and 256 sequences' sampler
+    assert json.loads(v0.stdout)["setup"]["max_num_seqs"] == 256
+    assert json.loads(v1.stdout)["setup"]["max_num_seqs"] == 1024
+    gone = run("0", *h100, "--vllm-version", "0.11.0")
+    assert gone.returncode == 2 and "VLLM_USE_V1=0: vLLM 0.11.0 ships no V0 engine" in gone.stderr
+    t4 = run("1", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "T4", "--dtype", "float16",
+             "--max-model-len", "8192", "--vllm-version", "0.9.0")
+    assert t4.returncode == 2 and "VLLM_USE_V1=1: vLLM 0.9.0 runs this deployment on V0 only" in t4.stderr
+    assert run("maybe", *h100).returncode == 2
+
+
 def test_boolean_engine_flags_take_the_value_forms_of_vllms_older_parser():
     """A V0 command line pasted as it was run: `--enable-chunked-prefill=False` and
     `--enable-chunked-prefill False` (V0's StoreBoolean) mean what `--no-enable-chunked-prefill`
