@@ -418,12 +418,13 @@ class Setup:
             # 0.11's API server asserts envs.VLLM_USE_V1 (vllm/engine/llm_engine.py is V1's)
             raise InputError(f"VLLM_USE_V1=0: vLLM {format_version(version)} ships no V0 engine "
                              f"(removed in {format_version(drafter.V0_REMOVED)})")
+        if use_v1 and version < V1_DEFAULT:
+            raise InputError(f"VLLM_USE_V1=1: the V1 engine of vLLM {format_version(version)} (an alpha before "
+                             f"its {format_version(V1_DEFAULT)} default) is not modelled")
         if use_v1 and runs_v0(version, dev, spec):
             # create_engine_config: "If VLLM_USE_V1=1 ... raise error for unsupported features"
-            # (V1 before its default, on a device or with a drafter it did not support)
-            raise InputError(f"VLLM_USE_V1=1: vLLM {format_version(version)} runs this deployment on "
-                             "V0 only" + (" (V1 before its 0.8.0 default is not modelled)"
-                                          if version < V1_DEFAULT else ""))
+            # (a device or a drafter V1 did not support yet)
+            raise InputError(f"VLLM_USE_V1=1: vLLM {format_version(version)} runs this deployment on V0 only")
         v0 = runs_v0(version, dev, spec, use_v1)
         if v0:
             seqs = max_num_seqs or 256
