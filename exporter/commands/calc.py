@@ -374,10 +374,10 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
         profile = (f"a chunked prefill of {setup.max_num_batched_tokens} tokens" if setup.enable_chunked_prefill
                    else f"one un-chunked prefill of {setup.max_num_batched_tokens} tokens (V0 chunks prefills "
                         "by itself only above 32k context)")
-        why = ("as VLLM_USE_V1=0 asks" if setup.use_v1 is False
-               else f"on {setup.gpu.name} (compute capability {setup.gpu.compute_capability}; V1 needs 8.0 "
-                    "before 0.10.2)")
-        notes.append(f"vLLM {format_version(setup.vllm_version)} runs the V0 engine {why}: it "
+        reason = ("as VLLM_USE_V1=0 asks" if setup.use_v1 is False
+                  else f"on {setup.gpu.name} (compute capability {setup.gpu.compute_capability}; V1 needs 8.0 "
+                       "before 0.10.2)")
+        notes.append(f"vLLM {format_version(setup.vllm_version)} runs the V0 engine {reason}: it "
                      f"logs '# GPU blocks' and its memory profile is {profile}")
     if setup.kv_cache_memory_bytes and setup.vllm_version < KV_CACHE_MEMORY_BYTES:
         notes.append(f"--kv-cache-memory-bytes: vLLM {format_version(setup.vllm_version)} may not have it "

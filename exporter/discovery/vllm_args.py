@@ -17,6 +17,8 @@ import re
 import shlex
 from typing import Any, Callable, Sequence
 
+from exporter.parse.cache_config import label_bool
+
 # vLLM's human-readable token counts (`--max-num-batched-tokens 16k`, `--max-model-len 32K`):
 # a lower-case suffix multiplies by a power of 1000 and takes decimals (25.6k = 25,600), an
 # upper-case one by a power of 1024 and takes whole numbers only (vllm/utils/argparse_utils.py
@@ -121,19 +123,14 @@ def flag_type(conv: Callable[[str], Any]) -> Callable[[str], Any]:
     return read
 
 
-_TRUE = frozenset(("true", "1", "yes", "y", "on"))
-_FALSE = frozenset(("false", "0", "no", "n", "off"))
-
-
 def boolean(text: str) -> bool:
     """A boolean flag's value as vLLM's older parsers took it (`--enable-chunked-prefill=False`,
-    `--enable-chunked-prefill False`: V0's StoreBoolean, nargs="?"); ValueError otherwise."""
-    value = str(text).strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{text!r} is not a boolean (true/false)")
+    `--enable-chunked-prefill False`: V0's StoreBoolean, nargs="?"), read as a label's boolean
+    (`label_bool`); ValueError otherwise."""
+    value = label_bool(text)
+    if value is None:
+        raise ValueError(f"{text!r} is not a boolean (true/false)")
+    return value
 
 
 class BooleanFlag(argparse.BooleanOptionalAction):
@@ -271,15 +268,14 @@ def parse_vllm_args(argv: Sequence[str]) -> dict[str, object]:
         if name in _BOOL_FLAGS:
             key, value = _BOOL_FLAGS[name]
             if eq:
-                # `--enable-prefix-caching=False`: the value decides (left out when it is not a
-                # boolean, or on a `--no-` flag, which vLLM refuses with a value)
-                try:
-                    given = boolean(inline)
-                except ValueError:
-                    continue
+                # `--enable-prefix-caching=False`: the value decides (left out on a `--no-` flag,
+                # which vLLM refuses with a value, or when it is not a boolean)
                 if name.startswith("no-"):
                     continue
-                value = given
+                try:
+                    value = boolean(inline)
+                except ValueError:
+                    continue
             hints[key] = value
             continue
         if name == "served-model-name":

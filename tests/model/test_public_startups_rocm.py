@@ -1,5 +1,5 @@
-"""KV capacity against public vLLM startup logs on AMD GPUs (ROCm), which no constant was fitted
-on: an 8 x MI300X node and a Radeon PRO W7900 of one public lab notebook
+"""KV capacity against public vLLM startup logs on AMD GPUs (ROCm), held out but for the one TP8
+profile named below: an 8 x MI300X node and a Radeon PRO W7900 of one public lab notebook
 (github.com/AUGMXNT: llm-tracker.info-vault's "MI300X Testing.md" and "W7900 Pervasive Computing
 Project.md", MI300-testing's inference-vllm-gemm-tuning.ipynb and inference-vllm-vs-vllm-rocm.ipynb),
 V0 releases 0.4.1-0.6.4 started through vLLM's benchmark scripts (the LLM class: chunked prefill
