@@ -18,6 +18,9 @@ that of TTFT (capped per row), plus a weak prior on each factor's log (PRIOR, PR
 rows with concurrency <= 256 (the c=512 rows are internally inconsistent: TPOT lower than at
 c=64). A GEMM format with fewer than MIN_FORMAT_ROWS training rows takes the other format's
 efficiency. Fitted factors are per GPU class, never per model.
+
+Last, the rows whose TPOT is under what the GPU's datasheet allows at their own load (perf.tpot_floor_s)
+are listed and the figures repeated without them: a row no physics explains measures the row.
 """
 from __future__ import annotations
 
@@ -101,7 +104,7 @@ def report(rows: list[dict], cal: perf.Calibration, title: str, worst: int = 8) 
         g = groups[k]
         print(f"  {k:<55} n={len(g):>3}  TPOT MAPE {_mape(g, 0):6.1f}%  TTFT MAPE {_mape(g, 1):7.1f}%")
     print(f"  {'overall':<55} n={len(errs):>3}  TPOT MAPE {_mape(errs, 0):6.1f}%  TTFT MAPE {_mape(errs, 1):7.1f}%")
-    for label, i in (("TPOT", 0), ("TTFT", 1)):
+    for label, i in (("TPOT", 0), ("TTFT", 1)) if worst else ():
         print(f"  worst {label}:")
         for e in sorted(errs, key=lambda x: -x[i])[:worst]:
             r, o = e[2], e[3]
@@ -344,7 +347,29 @@ def main() -> int:
     sane = [r for r in rows if int(r["concurrency"]) <= 256]
     report(sane, cal, "rows with c <= 256 (the c=512 gpt-oss rows report TPOT below their c=64 TPOT)",
            worst=3)
+    below = below_floor(rows)
+    print(f"== rows faster than the GPU's datasheet allows at their own load (perf.tpot_floor_s: no "
+          f"model factor, 100 % of bandwidth and peak FLOPS): {len(below)} of {len(rows)}")
+    for r, floor in below:
+        print(f"    {r['model']} {r['gpu']} tp{r['tp']} c{r['concurrency']} {r['input_len']}/{r['output_len']}: "
+              f"measured TPOT {float(r['tpot_ms']):.2f} ms, floor {floor * 1e3:.2f} ms")
+    if below:
+        out = {id(r) for r, _ in below}
+        report([r for r in rows if id(r) not in out], cal, "all rows but those", worst=0)
     return 0
+
+
+def below_floor(rows: list[dict]) -> list[tuple[dict, float]]:
+    """The rows whose measured TPOT is under `perf.tpot_floor_s` at their own load, with it."""
+    out = []
+    for r in rows:
+        tpot = float(r["tpot_ms"]) / 1e3
+        floor = perf.tpot_floor_s(_prepared(r)[0], prompt_tokens=float(r["input_len"]),
+                                  output_tokens=float(r["output_len"]), concurrency=float(r["concurrency"]),
+                                  tpot_s=tpot, ttft_s=float(r["ttft_ms"]) / 1e3)
+        if tpot < floor:
+            out.append((r, floor))
+    return out
 
 
 if __name__ == "__main__":

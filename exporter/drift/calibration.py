@@ -134,8 +134,12 @@ class FleetCalibration:
         if filt is None:
             filt = OnlineCalibration()
             if self.rows:
-                fit, _ = fit_setup(setup, self.rows, quantization=setup.quantization,
-                                   vllm_version=setup.vllm_version)
+                fit, notes = fit_setup(setup, self.rows, quantization=setup.quantization,
+                                       vllm_version=setup.vllm_version)
+                if fit.below_floor or fit.outliers:
+                    # rows of the calibration files the seed left out, once per pool
+                    log.info("calibration rows set aside", pool=key,
+                             notes=[n for n in notes if "set aside" in n])
                 if fit.rows_used and not fit.rejected:
                     # start from the measured runs: their fitted factors, with the fit's spread
                     names = list(fit.names)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from exporter.errors import InputError
-from exporter.model.perf import Calibration, Prediction
+from exporter.model.perf import Calibration, Prediction, compute_dtype, tpot_floor_s
 from exporter.parse.version import read_version
 
 # ---------------------------------------------------------------------------------------------
@@ -229,13 +229,14 @@ class Fit:
     rejected: str | None = None   # why the fit was not applied (physics), None when applied
     outliers: tuple[str, ...] = ()  # rows set aside as inconsistent with the others
     ttft_aside: tuple[str, ...] = ()  # rows whose TTFT was not fitted (beyond the KV pool)
+    below_floor: tuple[str, ...] = ()  # rows faster than the GPU's datasheet allows (perf.tpot_floor_s)
 
     def as_dict(self) -> dict[str, object]:
         return {"rows_used": self.rows_used, "factors": factor_values(self.calibration, self.names),
                 "multipliers": {n: round(math.exp(m), 4) for n, m in zip(self.names, self.logm)},
                 "fit_error": round(self.fit_error, 4), "prior_error": round(self.prior_error, 4),
                 "rejected": self.rejected, "outliers": list(self.outliers),
-                "ttft_set_aside": list(self.ttft_aside)}
+                "ttft_set_aside": list(self.ttft_aside), "below_floor": list(self.below_floor)}
 
 
 def _stack(meas: Sequence[Measurement], cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
@@ -662,6 +663,33 @@ def choose_kv_cache(setup: Any, rows: Sequence[Row], *, quantization: str | None
     return setup, None
 
 
+def _above_floor(setup: Any, rows: Sequence[Row]) -> tuple[list[Row], tuple[str, ...], str | None]:
+    """`rows` without those whose TPOT is under what the GPU's datasheet allows at the row's own
+    load (`perf.tpot_floor_s`), their labels, and a note naming them. No factor within physics
+    explains such a row, so fitted it would drag every factor to a bound and bend the other
+    levels; it is set aside before the fit, whatever the other rows say."""
+    kept: list[Row] = []
+    below: list[tuple[Row, float]] = []
+    for r in rows:
+        floor = tpot_floor_s(setup, prompt_tokens=r.input_len, output_tokens=r.output_len,
+                             concurrency=r.concurrency, tpot_s=r.tpot_s or 0.0, ttft_s=r.ttft_s) \
+            if r.tpot_s else 0.0
+        if r.tpot_s and r.tpot_s < floor:
+            below.append((r, floor))
+        else:
+            kept.append(r)
+    if not below:
+        return kept, (), None
+    gpu = setup.gpu
+    what = ", ".join(f"line {r.line} (" + ("its prompts alone need more than the peak FLOPS" if math.isinf(f)
+                                           else f"TPOT {r.tpot_s * 1e3:.3g} ms, floor {f * 1e3:.3g} ms") + ")"
+                     for r, f in below)
+    return kept, tuple(f"line {r.line}" for r, _ in below), (
+        f"calibration: set aside {what}: faster than {setup.tp} x {gpu.name} can run that load at "
+        f"100 % of its datasheet ({gpu.hbm_bandwidth_tbps:g} TB/s, {gpu.tflops(compute_dtype(setup)):g} TFLOPS), "
+        f"so not the work the row states (a cached prefix, shorter prompts, or fewer requests in flight)")
+
+
 def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
               vllm_version: str | tuple | None = None) -> tuple[Fit, list[str]]:
     """Fit `setup`'s step-time factors on the rows measured for the same model, GPU, TP and weight
@@ -682,6 +710,11 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
         if len(every) > len(used):
             notes.append(f"calibration: {len(every) - len(used)} matching row(s) of other vLLM releases not "
                          f"used (rows of {release(vllm_version)} are)")
+    used, below, note = _above_floor(setup, used)
+    if note:
+        notes.append(note)
+    if not used and below:
+        return replace(fit_rows(prior, []), below_floor=below), notes
     if not used:
         notes.append(f"calibration: none of {len(rows)} row(s) is for {model_name} on {tp} x {gpu_name}"
                      f" with weights {quantization or '16-bit'}; the a-priori model is used")
@@ -689,6 +722,8 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
 
     names = FACTOR_NAMES if shape.n_experts else tuple(n for n in FACTOR_NAMES if n not in CURVE_FACTORS)
     fit = fit_rows(prior, _points(setup, used), names)
+    if below:
+        fit = replace(fit, below_floor=below)
     if fit.outliers:
         notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "
                      f"together with the other rows: a load the row does not describe?)")

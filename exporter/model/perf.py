@@ -856,6 +856,47 @@ class Prediction:
                 "binding": self.binding, "spec_tokens_per_step": round(self.spec_tokens_per_step, 4)}
 
 
+def tpot_floor_s(setup: Any, *, prompt_tokens: float, output_tokens: float, concurrency: float,
+                 tpot_s: float, ttft_s: float | None = None) -> float:
+    """The least mean TPOT `setup`'s GPU can deliver a closed loop of `concurrency` clients
+    sending these lengths, at the request rate the measured latencies themselves imply; 0.0 where
+    no bound is drawn (pipeline or data parallel, a single output token, no KV pool).
+
+    No model factor is used, only the datasheet, at 100 % of it: each step reads the dense weights
+    (of an MoE layer's experts, only the top-k one token picks) and the running requests' KV
+    (stored at one byte per element, whatever the cache dtype; attention's math left out) and runs the GEMMs of its decode tokens and of
+    its share of the prompts (Little's law: concurrency / (TTFT + (output - 1) x TPOT) requests
+    per second, each with `prompt_tokens` to compute), the GEMMs no faster than the longer of
+    their weight read and their math at peak. A measured TPOT under this was not the work the row
+    states: a cached prefix, shorter prompts, or fewer requests in flight than its concurrency.
+    A speculative setup may emit up to 1 + k tokens a step, so its floor is divided by that."""
+    if setup.pp > 1 or setup.dp > 1 or output_tokens <= 1 or tpot_s <= 0 or concurrency < 1:
+        return 0.0
+    shape = shape_for(setup)
+    pool = kv_tokens_for(setup)
+    if pool <= 0 or shape.peak_flops <= 0 or shape.bw_bytes_per_s <= 0:
+        return 0.0
+    per_token = shape.flops_per_token - shape.head_flops_per_token   # a prompt token skips the lm_head
+    if ttft_s is None or ttft_s <= 0:
+        ttft_s = prompt_tokens * per_token / shape.peak_flops        # its own prefill, at peak
+    rate = concurrency / (ttft_s + (output_tokens - 1.0) * tpot_s)
+    prefill_share = rate * prompt_tokens * per_token / shape.peak_flops
+    if prefill_share >= 1.0:
+        return math.inf        # the prompts alone need more than the GPU's peak
+    ctx = prompt_tokens + output_tokens / 2.0
+    running = min(concurrency, float(setup.max_num_seqs), pool / ctx)
+    wide = shape_for(replace(setup, kv_cache_dtype="auto")).kv_bytes_per_ctx_token
+    kv_read = running * ctx * wide / max(setup.dtype_bytes, 1) / shape.bw_bytes_per_s
+    decode_math = running * shape.flops_per_token / shape.peak_flops
+    # every step reads the dense weights and, per MoE layer, at least the top-k experts one token picks
+    weights = shape.dense_weight_bytes + (shape.expert_weight_bytes * shape.experts_per_token / shape.n_experts
+                                          if shape.n_experts else 0.0)
+    floor = max((weights / shape.bw_bytes_per_s + kv_read),
+                (kv_read + decode_math) / (1.0 - prefill_share))
+    k = setup.speculative.num_speculative_tokens if setup.speculative else 0
+    return floor / (1.0 + k)
+
+
 @lru_cache(maxsize=4096)
 def kv_tokens_for(setup: Any) -> float:
     """Token slots of the KV pool (what `kv_capacity` predicts vLLM logs); 0 if nothing fits."""

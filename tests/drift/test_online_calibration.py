@@ -209,3 +209,34 @@ def test_a_refused_fit_is_logged_once_then_counted():
     assert [e["log_level"] for e in rejected] == ["warning"] + ["debug"] * (len(rejected) - 1)
     assert "vllm_drift_model_calibration_rejections" in rejected[0]["repeats"]
     assert sum(p.rejected for p in fleet.calibration.pools.values()) == len(rejected)
+
+
+def test_calibration_file_rows_faster_than_the_gpu_are_logged_and_left_out():
+    """The daemon seeds a pool from `calibration_files` as calc does: a row under the GPU's
+    datasheet floor is left out of the seed, and said once in the log, by line."""
+    import structlog
+
+    from exporter.drift.calibration import FleetCalibration
+    from exporter.model.calibrate import Row
+    from exporter.model.perf import predict, tpot_floor_s
+    from exporter.model.setup import Setup
+    from exporter.model.traffic import Traffic
+
+    setup = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "L4", tp=1)
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=256)
+    rows = []
+    for line, c in enumerate((1, 8, 32), start=2):
+        p = predict(setup, t, concurrency=c)
+        tpot = p.tpot_s
+        if c == 8:   # line 3: 8 clients, at 80 % of what the L4 can do
+            tpot = 0.8 * tpot_floor_s(setup, prompt_tokens=1024, output_tokens=256, concurrency=c,
+                                      tpot_s=p.tpot_s, ttft_s=p.ttft_s)
+        rows.append(Row(setup.model.name, "L4", 1, "bf16", 1024, 256, c, tpot, p.ttft_s, line))
+    fleet = FleetCalibration(rows)
+    kw = dict(target="http://a:1", model_name="m", prefix_hit_ratio=0.0, tpot_mean=None,
+              window_requests=0.0, lifetime_requests=None, now=0.0)
+    with structlog.testing.capture_logs() as logs:
+        fleet.evaluate(setup, prompt_mean=1024, output_mean=256, running_mean=8, **kw)
+        fleet.evaluate(setup, prompt_mean=1024, output_mean=256, running_mean=16, **kw)
+    aside = [e for e in logs if e["event"] == "calibration rows set aside"]
+    assert len(aside) == 1 and any("line 3" in n and "floor" in n for n in aside[0]["notes"])

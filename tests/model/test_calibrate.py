@@ -14,7 +14,7 @@ from exporter.errors import InputError
 from exporter.model.calibrate import (ONLINE_FACTORS, Measurement, OnlineCalibration, Row, apply,
                                       choose_kv_cache, fit_rows, fit_setup, measured_point, physical,
                                       read_rows)
-from exporter.model.perf import calibration_for, predict, shape_for
+from exporter.model.perf import calibration_for, predict, shape_for, tpot_floor_s
 from exporter.model.setup import Setup
 from exporter.model.traffic import Traffic
 
@@ -226,6 +226,81 @@ def test_calc_calibrate_uses_matching_rows(tmp_path, cli_env):
     bad = subprocess.run(base + ["--calibrate", str(tmp_path / "absent.csv")], capture_output=True,
                          text=True, env=cli_env, timeout=120)
     assert bad.returncode == 2 and "absent.csv" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("model,gpu,tp,quant", [
+    ("meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB", 1, None),
+    ("meta-llama/Llama-3.1-70B", "H200-SXM-141GB", 4, "fp8"),
+    ("openai/gpt-oss-120b", "H100-SXM-80GB", 2, None),
+    ("Qwen/Qwen3-30B-A3B", "B200-180GB", 1, None),
+    ("meta-llama/Llama-3.1-8B-Instruct", "L4", 1, None),
+])
+def test_the_datasheet_floor_lies_under_every_a_priori_prediction(model, gpu, tp, quant):
+    """The floor (datasheet bandwidth and peak FLOPS at 100 %, no overheads) is what no server can
+    beat, so the model's own predictions sit above it at every load, prefill-heavy or not; and it
+    is no empty bound: a lone decode is held to its weight read, most of a dense model's step."""
+    setup = Setup.build(model, gpu, tp=tp, quantization=quant, max_model_len=16384)
+    for prompt, output in ((1024, 256), (8192, 128), (128, 2048)):
+        t = Traffic(prompt_tokens_mean=prompt, output_tokens_mean=output)
+        for c in (1, 16, 256):
+            p = predict(setup, t, concurrency=c)
+            floor = tpot_floor_s(setup, prompt_tokens=prompt, output_tokens=output, concurrency=c,
+                                 tpot_s=p.tpot_s, ttft_s=p.ttft_s)
+            assert 0 < floor < p.tpot_s, (prompt, output, c, floor, p.tpot_s)
+    lone = predict(setup, Traffic(prompt_tokens_mean=128, output_tokens_mean=2048), concurrency=1)
+    floor = tpot_floor_s(setup, prompt_tokens=128, output_tokens=2048, concurrency=1,
+                         tpot_s=lone.tpot_s, ttft_s=lone.ttft_s)
+    shape = shape_for(setup)
+    assert floor > shape.dense_weight_bytes / shape.bw_bytes_per_s
+    if not shape.n_experts:   # an MoE's lone decode is mostly fixed costs no datasheet bounds
+        assert floor > 0.3 * lone.tpot_s
+
+
+def test_a_row_faster_than_the_datasheet_allows_is_set_aside_by_line(tmp_path, cli_env):
+    """A row whose TPOT is under the floor at its own load (a cached prefix, shorter prompts) is
+    named and left out of the fit before fitting; the other rows calibrate as without it."""
+    setup = _setup()
+    prior, truth = _truth(setup)
+    cal_csv = tmp_path / "cal.csv"
+    _write_rows(cal_csv, setup, truth, [1, 64, 256])
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=256)
+    real = predict(setup, t, concurrency=128, calibration=truth)
+    floor = tpot_floor_s(setup, prompt_tokens=1024, output_tokens=256, concurrency=128,
+                         tpot_s=real.tpot_s, ttft_s=real.ttft_s)
+    with open(cal_csv, "a", newline="") as f:   # line 5: 128 clients at 80 % of the floor
+        csv.writer(f).writerow(["meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB", 1, "bf16", 1024, 256,
+                                128, "", 0.8 * floor * 1000, real.ttft_s * 1000])
+    cmd = ["vllm-drift", "calc", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+           "--prompt-tokens", "1024", "--output-tokens", "256", "--concurrency", "16", "--json",
+           "--calibrate", str(cal_csv)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=cli_env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    cal = doc["calibration"]
+    assert cal["below_floor"] == ["line 5"] and cal["rows_used"] == 3 and "line 5" not in cal["outliers"]
+    note = next(n for n in doc["notes"] if "line 5" in n)
+    assert "H100-SXM-80GB" in note and "datasheet" in note and "floor" in note
+    want = predict(setup, t, concurrency=16, calibration=truth).tpot_s
+    assert abs(doc["predicted"]["tpot_s"] - want) / want < 0.03
+
+
+def test_the_floor_sets_aside_no_shared_row_a_closed_loop_could_run(shared):
+    """Over ../shared's measured runs up to 256 clients the floor is never above a TPOT a server
+    delivered; the rows under it are the 512-client sweeps whose TPOT equals their 64-client
+    level (fewer requests ran than the row says)."""
+    below = []
+    for r in csv.DictReader(open(shared("fixtures", "throughput-observations.csv"))):
+        if r["num_gpus"] != r["tp"] or not r["tpot_ms"] or not r["ttft_ms"]:
+            continue
+        q = {"fp8": "fp8", "fp4": "fp4"}.get(r["dtype"])
+        setup = Setup.build(r["model"], r["gpu"], tp=int(r["tp"]), quantization=q, kv_cache_dtype=None)
+        tpot = float(r["tpot_ms"]) / 1e3
+        floor = tpot_floor_s(setup, prompt_tokens=float(r["input_len"]), output_tokens=float(r["output_len"]),
+                             concurrency=float(r["concurrency"]), tpot_s=tpot, ttft_s=float(r["ttft_ms"]) / 1e3)
+        assert floor > 0
+        if tpot < floor:
+            below.append(int(r["concurrency"]))
+    assert below and set(below) == {512}
 
 
 def test_calc_calibrate_prefers_rows_of_the_query_release(tmp_path, cli_env):
