@@ -32,6 +32,10 @@ V0_LONG_CONTEXT_CHUNKED = (0, 5, 3)
 V0_LONG_CHUNKED_WITH_PREFIX_CACHING = (0, 6, 1)
 V0_LONG_CHUNKED_NOT_MULTIMODAL = (0, 6, 2)
 V0_LONG_CHUNKED_NOT_MLA = (0, 8, 0)
+# V0's token budget when chunked prefill is on and none is given (SchedulerConfig in vllm/config.py,
+# read in the 0.6.3.post1, 0.6.4.post1, 0.6.5, 0.6.6 and 0.7.3 wheels): 512 through 0.6.4.post1,
+# 2048 from 0.6.5 ("a balance between ITL and TTFT")
+V0_CHUNKED_BUDGET_2048 = (0, 6, 5)
 BATCH_DEFAULTS_BY_GPU = (0, 9, 0)  # get_batch_defaults: 8192/1024 on >=70 GiB non-A100 GPUs (vllm PR #17885, May 2025)
 SMALL_SAMPLER = (0, 17, 0)      # profiled activation cut ~60% (llm-d-planner PR #205 blog)
 # V1's dummy sampler ran FlashInfer's top-k/top-p kernel (no sort of the vocabulary) where FlashInfer
@@ -440,7 +444,8 @@ class Setup:
                        and not (arch.attention == "mla" and version >= V0_LONG_CHUNKED_NOT_MLA)
                        and not (enable_prefix_caching and version < V0_LONG_CHUNKED_WITH_PREFIX_CACHING)
                        ) if enable_chunked_prefill is None else enable_chunked_prefill
-            mnbt = max_num_batched_tokens or (512 if chunked else max(mml, 2048))
+            budget = 2048 if version >= V0_CHUNKED_BUDGET_2048 else 512
+            mnbt = max_num_batched_tokens or (budget if chunked else max(mml, 2048))
         else:
             chunked = True if enable_chunked_prefill is None else enable_chunked_prefill
             # vLLM decides on the memory the device reports, so an overridden total counts

@@ -26,7 +26,11 @@ workers, one of which logs 2.15 GiB of non-torch memory and 3.58 GiB of KV again
 source file could not be named."""
 from __future__ import annotations
 
+import re
+
 import pytest
+
+from exporter.errors import InputError
 
 from exporter.model.kv_cache import kv_capacity
 from exporter.model.perf import predict
@@ -236,6 +240,41 @@ def test_v0_chunks_long_contexts_by_itself_from_0_5_3_with_each_release_guards()
     assert chunked(mla, "0.7.3", gpu="V100-SXM2-32GB") and not chunked(mla, "0.8.0", gpu="V100-SXM2-32GB")
     # short contexts never chunked by themselves in V0
     assert not chunked(llama, "0.6.3", max_model_len=32768)
+
+
+def test_v0_chunk_budget_is_512_until_0_6_5_then_2048():
+    """SchedulerConfig's default token budget when V0 chunks by itself (> 32k contexts), read in
+    the 0.6.3.post1-0.7.3 wheels: 512 through 0.6.4.post1, 2048 from 0.6.5. The budget sizes the
+    profile's forward and the prefill chunk of every step."""
+    def budget(v):
+        s = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "A10", vllm_version=v)
+        assert s.enable_chunked_prefill and s.max_model_len == 131072
+        return s.max_num_batched_tokens
+    assert budget("0.6.4") == 512 and budget("0.6.5") == 2048 and budget("0.7.3") == 2048
+
+
+# vllm-project/vllm#10517, a comment of 2024-12-02: meta-llama/Llama-3.1-8B-Instruct on one RTX 3090
+# (total_gpu_memory=23.58GiB), gpu_memory_utilization 0.90, --max-model-len 20000 ("OK": "# GPU
+# blocks: 1952", kv_cache_size=3.81GiB) and 29000 ("BAD": "# GPU blocks: 1478", then "The model's
+# max seq len (29000) is larger than the maximum number of tokens that can be stored in KV cache
+# (23648)"). Its one-line "Memory profiling results: total_gpu_memory=... initial_memory_usage=..."
+# is printed by 0.6.4 and 0.6.4.post1 only (not by the 0.6.3.post1 or 0.6.5 wheels). Other flags
+# are not shown; below 32k V0 does not chunk, so the profile is one prefill of the whole context,
+# whose activations (2.07 / 2.99 GiB logged) outweigh the sampler of vLLM's default 256 rows.
+def test_a_consumer_card_on_0_6_4_is_refused_where_vllm_refused():
+    def cap(mml):
+        s = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "RTX-3090-24GB", vllm_version="0.6.4",
+                        max_model_len=mml, gpu_memory_gib=23.58, gpu_memory_utilization=0.90)
+        assert not s.enable_chunked_prefill and s.max_num_batched_tokens == mml
+        return kv_capacity(s, check_fits=False)
+    ok, bad = cap(20000), cap(29000)
+    assert ok.fits and abs(ok.gpu_blocks / 1952 - 1) <= 0.025 and abs(ok.memory.kv_cache_gib - 3.81) <= 0.1
+    assert not bad.fits and abs(bad.tokens / 23648 - 1) <= 0.01
+    with pytest.raises(InputError) as refused:   # and the message names the length that fits, as vLLM's
+        kv_capacity(Setup.build("meta-llama/Llama-3.1-8B-Instruct", "RTX-3090-24GB", vllm_version="0.6.4",
+                                max_model_len=29000, gpu_memory_gib=23.58, gpu_memory_utilization=0.90))
+    named = int(re.search(r"maximum model length is (\d+)", str(refused.value)).group(1))
+    assert abs(named / 23648 - 1) <= 0.01
 
 
 def test_flashinfer_sampler_releases_profile_the_small_sampler():
