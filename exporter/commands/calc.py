@@ -23,7 +23,8 @@ from exporter.errors import CatalogError, InputError
 from exporter.model import drafter
 from exporter.model.calibrate import choose_kv_cache, fit_setup as fit_calibration, read_rows
 from exporter.model.gpus import device_for_cli
-from exporter.model.kv_cache import KVCapacity, kv_capacity, largest_max_model_len, lora_bytes, offloaded_bytes
+from exporter.model.kv_cache import (KVCapacity, kv_capacity, largest_max_model_len, lora_bytes, offloaded_bytes,
+                                     startup_refusal)
 from exporter.model.profiles import Profile, get_profile, profiles
 from exporter.model.report import make_traffic, performance_report
 from exporter.model.setup import KV_CACHE_MEMORY_BYTES, V1_DEFAULT, Setup, lora_slots
@@ -64,6 +65,11 @@ ARGUMENTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
                                "(H100, L40S-48GB, 'Tesla V100-SXM2-32GB', ...; see `vllm-drift catalog gpus`)")),
     ("setup", ("--gpu-memory-gib",), dict(type=float, metavar="GIB", help="total memory per GPU (overrides the "
                                           "catalog; without --gpu, or with an unknown one, describes the device)")),
+    ("setup", ("--gpu-memory-in-use",), dict(type=float, metavar="GIB", help="GiB other processes already hold on "
+                                             "each GPU when the server starts (a desktop, another server on the "
+                                             "device): from 0.9.1 vLLM refuses to start when the rest is under "
+                                             "gpu_memory_utilization x total; 0.6.4 and V1 0.8-0.9.0 charge it "
+                                             "against the KV cache; V0 runs out of memory allocating it")),
     ("setup", ("--gpu-bandwidth-gbs",), dict(type=float, metavar="GBS", help="memory bandwidth per GPU, GB/s "
                                              "(overrides the catalog or describes an unknown device)")),
     ("setup", ("--gpu-tflops",), dict(type=float, metavar="TFLOPS", help="dense FP16/BF16 TFLOPS per GPU "
@@ -321,6 +327,7 @@ def _build_setup(args: argparse.Namespace) -> Setup:
         use_v1=_env_flag("VLLM_USE_V1"),
         speculative_config=_speculative(args),
         cpu_offload_gb=getattr(args, "cpu_offload_gb", None),
+        gpu_memory_in_use_gib=getattr(args, "gpu_memory_in_use", None),
         max_loras=lora_slots(getattr(args, "enable_lora", False), getattr(args, "max_loras", None)),
         max_lora_rank=getattr(args, "max_lora_rank", None),
         fully_sharded_loras=bool(getattr(args, "fully_sharded_loras", False)))
@@ -392,6 +399,9 @@ def fit_setup(args: argparse.Namespace) -> tuple[Setup, KVCapacity, list[str]]:
                      f"{enc.kept_bytes / 2**30:.2f} GiB of outputs kept through the language model's dummy run "
                      f"(the activation is the larger phase; --limit-mm-per-prompt, --mm-processor-kwargs and "
                      f"--skip-mm-profiling change it)")
+    refused = startup_refusal(setup)
+    if refused:   # before any profile: vLLM prints no KV line to report
+        raise InputError(refused)
     auto = args.max_model_len == vllm_args.AUTO
     if args.max_model_len is not None and not auto:   # checked in run(): refused, but --json still prints
         return setup, kv_capacity(setup, check_fits=False, allow_no_pool=True), notes
@@ -425,7 +435,8 @@ def kv_sections(setup: Setup, cap: KVCapacity) -> dict[str, Any]:
             "dtype": setup.dtype, "quantization": setup.quantization,
             "kv_cache_dtype": setup.kv_cache_dtype,
             "gpu_memory_utilization": setup.gpu_memory_utilization,
-            "gpu_memory_gib": setup.gpu_memory_gib, "max_model_len": setup.max_model_len,
+            "gpu_memory_gib": setup.gpu_memory_gib, "gpu_memory_in_use_gib": setup.gpu_memory_in_use_gib,
+            "max_model_len": setup.max_model_len,
             "max_num_seqs": setup.max_num_seqs,
             "max_num_batched_tokens": setup.max_num_batched_tokens,
             "block_size": setup.block_size, "kv_cache_memory_bytes": setup.kv_cache_memory_bytes,

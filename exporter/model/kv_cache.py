@@ -34,7 +34,8 @@ from exporter.model.setup import (BLACKWELL_HD256_ALIGN_UNTIL, DEVICE_WIDE_NON_T
                                    MAMBA2_PREFILL_CHECKPOINT, MOE_CHUNK_16K_UNTIL,
                                    MOE_CHUNK_32K_UNTIL, PP_WHOLE_MODEL_CHECK, SMALL_SAMPLER,
                                    STATE_ALIGN_TO_BLOCK, TOKENS_FROM_CONCURRENCY,
-                                   V0_MEMORY_PROFILING, V1_DEVICE_WIDE_NON_TORCH_BEFORE, Setup)
+                                   V0_MEMORY_PROFILING, V1_DEVICE_WIDE_NON_TORCH_BEFORE,
+                                   V1_FREE_MEMORY_CHECK, V1_SNAPSHOT_AFTER_NCCL, Setup)
 from exporter.model.vision import SKIP_MM_PROFILING_FROM, encoder_profile
 from exporter.model import drafter
 from exporter.parse.version import format_version
@@ -567,7 +568,66 @@ def _nvls(setup: Setup) -> bool:
 def non_torch_bytes(setup: Setup) -> float:
     """Memory outside torch's allocator that the profile counts (NCCL and custom all-reduce
     buffers, cuBLAS workspaces). Ranks that exchange MoE tokens across DP engines (dp > 1 on a
-    MoE model) hold the same communicator buffers as TP ranks."""
+    MoE model) hold the same communicator buffers as TP ranks. Releases that count the whole
+    device's used memory count other processes' too (`--gpu-memory-in-use`)."""
+    return _own_non_torch_bytes(setup) + (setup.gpu_memory_in_use_gib * GIB if counts_whole_device(setup) else 0.0)
+
+
+def counts_whole_device(setup: Setup) -> bool:
+    """Whether the release's profile charges everything used on the device after the profile run
+    ("total - free - torch allocated"), other processes' memory included: V0 0.6.4.x and V1
+    0.8.0-0.9.0 (setup.DEVICE_WIDE_NON_TORCH_BEFORE, V1_DEVICE_WIDE_NON_TORCH_BEFORE). V0
+    0.3.1-0.6.3 charged the free memory the run took since the worker started, 0.6.5 on the growth
+    since a snapshot, V1 from 0.9.1 the same: memory others held before is not charged there."""
+    v = setup.vllm_version
+    if setup.v0:
+        return DEVICE_WIDE_NON_TORCH_BEFORE <= v < V0_MEMORY_PROFILING
+    return v < V1_DEVICE_WIDE_NON_TORCH_BEFORE
+
+
+def startup_utilization_cap(setup: Setup) -> float | None:
+    """The largest gpu_memory_utilization vLLM starts with on this device, given the memory others
+    hold (`--gpu-memory-in-use`); None where nothing bounds it. V1 from 0.9.1 compares the free
+    memory of its startup snapshot (after this process's CUDA context, and from 0.11.0 NCCL's
+    buffers) with gpu_memory_utilization x total. V0 checks nothing but allocates the pool it
+    computed, which cannot exceed what others left free (with none in use, nothing is checked)."""
+    c = CALIBRATION
+    total = setup.gpu_memory_gib
+    own = c["cuda_context_gib"]
+    # NCCL initialised for a TP or PP group (0.19's init_used_gib: 1.53 at TP2-4, 1.43-1.48 at PP2-4)
+    comm = setup.tp > 1 or setup.pp > 1 or (setup.dp > 1 and setup.model.is_moe)
+    if not setup.v0 and setup.vllm_version >= V1_FREE_MEMORY_CHECK:
+        if comm and _nvls(setup) and setup.vllm_version >= V1_SNAPSHOT_AFTER_NCCL:
+            own += c["nccl_init_gib"]
+    elif setup.gpu_memory_in_use_gib <= 0 or counts_whole_device(setup):
+        return None
+    return max(total - setup.gpu_memory_in_use_gib - own, 0.0) / total
+
+
+def startup_refusal(setup: Setup) -> str | None:
+    """Why vLLM would not start for lack of free memory on the device, before profiling anything
+    (`startup_utilization_cap`); None when it starts."""
+    cap = startup_utilization_cap(setup)
+    if cap is None or setup.gpu_memory_utilization <= cap:
+        return None
+    total = setup.gpu_memory_gib
+    free, requested = cap * total, setup.gpu_memory_utilization * total
+    if not setup.v0:
+        return (f"Free memory on device ({free:.2f}/{total:.2f} GiB) on startup is less than desired GPU memory "
+                f"utilization ({setup.gpu_memory_utilization:g}, {requested:.2f} GiB) (vLLM refuses to start); "
+                f"lower --gpu-memory-utilization to {_util_floor(cap)} or less, or free memory held by other "
+                f"processes")
+    return (f"{setup.gpu_memory_in_use_gib:g} GiB in use by other processes leave {free:.2f} GiB of the "
+            f"{total:.2f} GiB device for a server budgeted {requested:.2f} GiB: vLLM "
+            f"{format_version(setup.vllm_version)} (V0) checks no free memory at startup and runs out "
+            f"of memory allocating the KV cache; lower --gpu-memory-utilization to {_util_floor(cap)} or less")
+
+
+def _util_floor(x: float) -> str:
+    return f"{math.floor(max(x, 0.0) * 100) / 100:.2f}"
+
+
+def _own_non_torch_bytes(setup: Setup) -> float:
     c = CALIBRATION
     comm = setup.tp > 1 or (setup.dp > 1 and setup.model.is_moe)
     pre017 = (c["non_torch_tp_pre017_gib"] if _nvls(setup) else c["non_torch_tp_no_nvls_pre017_gib"]) \
@@ -621,7 +681,10 @@ def kv_capacity(setup: Setup, *, check_fits: bool = True, allow_no_pool: bool = 
 
     No memory left for a pool ("No available memory for the cache blocks") raises too, unless
     `allow_no_pool` (with `check_fits=False`): then the capacity holds no block, does not fit, and
-    its pool is the negative "Available KV cache memory" vLLM logs before refusing."""
+    its pool is the negative "Available KV cache memory" vLLM logs before refusing.
+
+    A server the device's free memory refuses before profiling (`startup_refusal`) is not checked
+    here: a running server's pool is what it is, whatever other processes hold now."""
     fixed = setup.kv_cache_memory_bytes
     override = setup.num_gpu_blocks_override
     total = setup.gpu_memory_gib * GIB

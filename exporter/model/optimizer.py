@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from exporter.errors import InputError
+from exporter.model.kv_cache import startup_utilization_cap
 from exporter.model.perf import Prediction, kv_slots, kv_tokens_for, predict
 from exporter.model.spec_decode import SpecConfig, gain
 from exporter.model.traffic import SLO, Traffic
@@ -110,6 +111,14 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
         util = round(min(0.95, 1.0 - headroom_gib / setup.gpu_memory_gib), 2)
         binding["gpu_memory_utilization"] = (f"CUDA-graph + runtime headroom ({headroom_gib} GiB of "
                                              f"{setup.gpu_memory_gib:.0f} GiB outside the budget)")
+    cap = startup_utilization_cap(setup)
+    if cap is not None and util > cap:
+        util = math.floor(cap * 100) / 100
+        binding["gpu_memory_utilization"] = (f"free memory at startup ({cap * setup.gpu_memory_gib:.1f} of "
+                                             f"{setup.gpu_memory_gib:.0f} GiB: {setup.gpu_memory_in_use_gib:g} GiB "
+                                             f"held by other processes)" if setup.gpu_memory_in_use_gib else
+                                             f"free memory at startup ({cap * setup.gpu_memory_gib:.1f} of "
+                                             f"{setup.gpu_memory_gib:.0f} GiB after vLLM's own context)")
     tuned = setup.with_(gpu_memory_utilization=util, max_model_len=max(mml, 16))
     # max_num_seqs: KV slots for this traffic vs the TPOT SLO batch
     kv_tokens = kv_tokens_for(tuned)

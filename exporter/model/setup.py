@@ -130,6 +130,14 @@ V0_MEMORY_PROFILING = (0, 6, 5)
 # torch's peak. From 0.9.1 the baseline is a MemorySnapshot taken once the CUDA context exists,
 # before the distributed init (so NCCL's init buffers still count, the context does not).
 V1_DEVICE_WIDE_NON_TORCH_BEFORE = (0, 9, 1)
+# With that snapshot the V1 worker refuses to start when the device's free memory is under
+# gpu_memory_utilization x total ("Free memory on device (F/T GiB) on startup is less than desired
+# GPU memory utilization (U, R GiB). Decrease GPU memory utilization or reduce GPU memory used by
+# other processes.", gpu_worker.py init_device; read in the 0.9.1, 0.10.x, 0.11.0 and 0.15.0
+# wheels, absent from 0.9.0's); the snapshot follows NCCL's initialisation from 0.11.0 (before it
+# through 0.10.2), so a TP rank's NCCL buffers are no longer free by then
+V1_FREE_MEMORY_CHECK = V1_DEVICE_WIDE_NON_TORCH_BEFORE
+V1_SNAPSHOT_AFTER_NCCL = (0, 11, 0)
 
 _DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
            "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
@@ -231,6 +239,9 @@ class Setup:
     # --cpu-offload-gb: GiB of each rank's decoder-layer weights held in pinned host memory and
     # read through UVA every step (kv_cache.offloaded_bytes)
     cpu_offload_gb: float = 0.0
+    # GiB other processes already hold on each GPU when the server starts (a desktop, another
+    # server sharing the device): kv_cache.startup_refusal and non_torch_bytes
+    gpu_memory_in_use_gib: float = 0.0
     # --enable-lora: the adapters the engine holds at once (--max-loras; 0 without LoRA), their
     # largest rank (--max-lora-rank) and --fully-sharded-loras: vLLM preallocates a stacked A and
     # B buffer of every linear layer for them (kv_cache.lora_bytes)
@@ -340,7 +351,8 @@ class Setup:
                      mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype, mm_limits=self.mm_limits,
                      skip_mm_profiling=self.skip_mm_profiling, mm_max_pixels=self.mm_max_pixels,
                      flashinfer_sampler=self.flashinfer_sampler, speculative_config=self.speculative,
-                     cpu_offload_gb=self.cpu_offload_gb, max_loras=self.max_loras,
+                     cpu_offload_gb=self.cpu_offload_gb, gpu_memory_in_use_gib=self.gpu_memory_in_use_gib,
+                     max_loras=self.max_loras,
                      max_lora_rank=self.max_lora_rank, fully_sharded_loras=self.fully_sharded_loras,
                      use_v1=self.use_v1)
         return Setup.build(model or self.model, self.gpu, **{**flags, **changes})
@@ -362,7 +374,8 @@ class Setup:
               skip_mm_profiling: bool = False, mm_max_pixels: int | None = None,
               flashinfer_sampler: bool | None = None,
               speculative_config: "str | Mapping | Speculative | None" = None,
-              cpu_offload_gb: float | None = None, max_loras: int | None = None,
+              cpu_offload_gb: float | None = None, gpu_memory_in_use_gib: float | None = None,
+              max_loras: int | None = None,
               max_lora_rank: int | None = None, fully_sharded_loras: bool = False,
               use_v1: bool | None = None) -> "Setup":
         """Resolve names and fill in vLLM's defaults of the given version. `kv_cache_dtype=None`
@@ -492,6 +505,9 @@ class Setup:
         offload = float(cpu_offload_gb or 0.0)
         if offload < 0:
             raise InputError(f"--cpu-offload-gb must be >= 0 (got {cpu_offload_gb})")
+        in_use = float(gpu_memory_in_use_gib or 0.0)
+        if not 0 <= in_use < mem:
+            raise InputError(f"--gpu-memory-in-use must be >= 0 and below the GPU's {mem:g} GiB (got {in_use:g})")
         if spec is not None:
             drafter.validate(spec, arch, tp=int(tp), pp=int(pp), v0=v0, version=version)
         loras = int(max_loras or 0)
@@ -516,7 +532,8 @@ class Setup:
                    mm_limits=limits, skip_mm_profiling=bool(skip_mm_profiling),
                    mm_max_pixels=int(mm_max_pixels) if mm_max_pixels else None,
                    flashinfer_sampler=None if flashinfer_sampler is None else bool(flashinfer_sampler),
-                   speculative=spec, cpu_offload_gb=offload, max_loras=loras, max_lora_rank=rank,
+                   speculative=spec, cpu_offload_gb=offload, gpu_memory_in_use_gib=in_use,
+                   max_loras=loras, max_lora_rank=rank,
                    fully_sharded_loras=bool(fully_sharded_loras) and loras > 0,
                    use_v1=None if use_v1 is None else bool(use_v1))
 
