@@ -864,12 +864,12 @@ def tpot_floor_s(setup: Any, *, prompt_tokens: float, output_tokens: float, conc
 
     No model factor is used, only the datasheet, at 100 % of it: each step reads the dense weights
     (of an MoE layer's experts, only the top-k one token picks) and the running requests' KV
-    (stored at one byte per element, whatever the cache dtype; attention's math left out) and runs the GEMMs of its decode tokens and of
-    its share of the prompts (Little's law: concurrency / (TTFT + (output - 1) x TPOT) requests
-    per second, each with `prompt_tokens` to compute), the GEMMs no faster than the longer of
-    their weight read and their math at peak. A measured TPOT under this was not the work the row
-    states: a cached prefix, shorter prompts, or fewer requests in flight than its concurrency.
-    A speculative setup may emit up to 1 + k tokens a step, so its floor is divided by that."""
+    (stored at one byte per element, whatever the cache dtype; attention's math left out), and
+    runs the GEMMs of its decode tokens and of its share of the prompts (Little's law:
+    concurrency / (TTFT + (output - 1) x TPOT) requests per second, each with `prompt_tokens` to
+    compute), the GEMMs no faster than the longer of their weight read and their math at peak.
+    A measured TPOT under this was not the work the row states: a cached prefix, shorter prompts,
+    or fewer requests in flight than its concurrency. A speculative setup may emit up to 1 + k tokens a step, so its floor is divided by that."""
     if setup.pp > 1 or setup.dp > 1 or output_tokens <= 1 or tpot_s <= 0 or concurrency < 1:
         return 0.0
     shape = shape_for(setup)
