@@ -228,6 +228,31 @@ def test_calc_calibrate_uses_matching_rows(tmp_path, cli_env):
     assert bad.returncode == 2 and "absent.csv" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_a_ttft_cliff_at_the_top_load_is_read_as_a_smaller_pool():
+    """A server whose pool is half the predicted one (another KV dtype, a lower utilization): its
+    sweep's TTFT jumps at the top load, which the a-priori pool still holds. From the predicted
+    pool the fit sees no queue and no way towards one, so it is also started with the pool just
+    short of that load's demand: the pool is recovered, the row kept, and a load past the sweep
+    predicted."""
+    setup = Setup.build("meta-llama/Llama-3.1-8B-Instruct", "H100", tp=1, max_model_len=16384)
+    prior = calibration_for(shape_for(setup).gpu_name)
+    truth = replace(prior, kv_capacity_scale=0.5)
+    t = Traffic(prompt_tokens_mean=8192, output_tokens_mean=1024)
+
+    def row(c):
+        p = predict(setup, t, concurrency=c, calibration=truth)
+        return measured_point(setup, prompt_tokens=8192, output_tokens=1024, concurrency=c,
+                              tpot_s=p.tpot_s, ttft_s=p.ttft_s, label=f"c={c}")
+    top = row(40)
+    assert top.peak_pool_share < 1 and top.ttft_s > 2 * predict(setup, t, concurrency=40).ttft_s
+    fit = fit_rows(prior, [row(4), top])
+    assert fit.outliers == () and fit.rejected is None
+    assert math.exp(fit.logm[fit.names.index("kv_capacity")]) == pytest.approx(0.5, rel=0.1)
+    for c in (16, 64):
+        want = predict(setup, t, concurrency=c, calibration=truth).ttft_s
+        assert predict(setup, t, concurrency=c, calibration=fit.calibration).ttft_s == pytest.approx(want, rel=0.15)
+
+
 @pytest.mark.parametrize("model,gpu,tp,quant", [
     ("meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB", 1, None),
     ("meta-llama/Llama-3.1-70B", "H200-SXM-141GB", 4, "fp8"),
