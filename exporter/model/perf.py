@@ -147,6 +147,18 @@ MOE_FORMAT_EFF_BY_CLASS = {("blackwell", "fp8"): 1.0}
 # MiniMax from 12.6 / 18.4 % (B200 / H200) to 10.9 / 13.3 %.
 MOE_LAYER_FLOOR_S = {"fp8": 40e-6}
 
+# An MLA layer's fixed time per step beyond a GQA layer's (`layer_s`, fitted on GQA models): the
+# latent projections and their norms (q_a, kv_a with the decoupled rope key), and the absorbed
+# W_UK / W_UV batched GEMMs around the latent attention, small kernels a decode batch does not
+# amortise. 18 us per MLA layer, read off SemiAnalysis InferenceX's Kimi-K2.5 runs on vLLM 0.21
+# (8192/1024 at c=4 and 8: H200 and B200 INT4 at TP8, B200 NVFP4 at TP8 and TP4; blog
+# b200-nvfp4-vs-h200-int4-kimi-k2-vllm-perf-per-dollar, InferenceX-app @ 26a3586c): TPOT MAPE
+# 10.5 -> 2.0 % over the 7 (every one 6-16 % under before; 15 us 2.5 %, 20 us 2.1 %). Held out:
+# aiconfigurator's Kimi-K2.5 rows (0.15-0.17, 105 rows on B200 and H200), TPOT 12.1 / 11.8 ->
+# 6.8 / 6.6 %, TTFT 10.0 / 10.7 -> 10.3 / 11.2 %. DeepSeek-R1 stays under-predicted where public
+# runs exist (0.7.4.dev on 8 x H200, 3200/800 at c=4: 12.9 ms for 25.7): not explained by it.
+MLA_LAYER_S = 18e-6
+
 # Whether a routed-expert GEMM's math hides under its weight reads (roofline: the longer of the
 # two) or adds to them. vLLM runs MoE experts through Triton kernels on Hopper (block FP8:
 # `fused_moe`, which fused_moe/oracle/fp8.py puts first for TP on SM90; MXFP4: triton_kernels'
@@ -353,6 +365,7 @@ class Shape:
     expert_kernel_eff: float = 1.0  # MOE_FORMAT_EFF of the expert weight format
     sort_vocab: float = 0.0         # vocabulary the sampler sorts per request (0: no top-k/top-p)
     moe_floor_s: float = 0.0        # fixed time of the MoE layers per step (MOE_LAYER_FLOOR_S)
+    mla_floor_s: float = 0.0        # fixed time of the MLA layers per step (MLA_LAYER_S)
     moe_token_s: float = 0.0        # per prompt token of a step, MoE time TP does not split (MOE_TOKEN_LAYER_S)
     expert_stream_bps: float = 0.0  # most HBM bytes/s the fused-MoE kernels of this GPU class
                                     # stream expert weights at (0: the GPU's bandwidth)
@@ -447,7 +460,7 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     if shape.host_weight_bytes or shape.host_expert_bytes:
         # offloaded layers' GEMMs read their weights over the host link, at its rate (UVA)
         t_gemm += (shape.host_weight_bytes + shape.host_expert_bytes * touched) / shape.host_bytes_per_s
-    t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + shape.moe_floor_s
+    t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + shape.moe_floor_s + shape.mla_floor_s
          + shape.moe_token_s * (prefill_tokens + (cal.moe_decode_token_scale - 1.0) * b * tokens_per_seq)
          + cal.per_seq_s * seqs
          + cal.per_token_s * shape.activation_width_m * bw_scale / shape.tp * tokens
@@ -782,6 +795,7 @@ def shape_for(setup: Any) -> Shape:
         gpu_vendor=gpu.vendor,
         expert_kernel_eff=MOE_FORMAT_EFF_BY_CLASS.get((cls, fmt), MOE_FORMAT_EFF[fmt]),
         moe_floor_s=MOE_LAYER_FLOOR_S.get(fmt, 0.0) * len(m.moe_layers) if m.is_moe else 0.0,
+        mla_floor_s=MLA_LAYER_S * m.attention_layers if m.attention == "mla" else 0.0,
         moe_token_s=MOE_TOKEN_LAYER_S * len(m.moe_layers) if m.is_moe else 0.0,
         expert_stream_bps=MOE_STREAM_CAP_TBPS.get((cls, fmt), 0.0) * 1e12,
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
