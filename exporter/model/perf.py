@@ -147,6 +147,20 @@ MOE_FORMAT_EFF_BY_CLASS = {("blackwell", "fp8"): 1.0}
 # MiniMax from 12.6 / 18.4 % (B200 / H200) to 10.9 / 13.3 %.
 MOE_LAYER_FLOOR_S = {"fp8": 40e-6}
 
+# A MoE layer's fixed time on a kernel path other than the one the Hopper factors were fitted on,
+# keyed by GPU class and weight scheme. gpt-oss's MXFP4 experts run on Hopper through
+# triton_kernels (routing, then matmul_ogs for each grouped GEMM: the shared H100 rows set
+# `layer_s` with them), on Blackwell through FlashInfer's fused TRT-LLM MoE, which routes,
+# runs both grouped GEMMs and finalizes in fewer launches (vllm mxfp4.py get_mxfp4_backend:
+# SM100_FI_MXFP4_BF16 by default, _MXFP8_TRTLLM with VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8).
+# -17 us per MoE layer, read off SemiAnalysis InferenceMAX's gpt-oss-120b sweep on vLLM 0.13.0
+# (18 B200 runs, TP1-8, c=4-16, 1k/1k, 8k/1k, 1k/8k; run 20667906037's agg_bmk.json): TPOT
+# 16.7 -> 2.1 % (every run 12-21 % over before, the same ~0.6 ms at TP1 as at TP8; -16 and
+# -18 us 2.2 / 2.4 %); its 8 H100/H200 runs, on the Hopper path, stay 0.6-1.2 %. Held out:
+# aiconfigurator's gpt-oss B200 rows (0.15.1), TPOT 15.4 -> 10.7 %. NVFP4 experts (MiniMax,
+# Kimi) are not moved: their B200 rows show no such offset.
+MOE_LAYER_BY_CLASS_S = {("blackwell", "mxfp4"): -17e-6}
+
 # An MLA layer's fixed time per step beyond a GQA layer's (`layer_s`, fitted on GQA models): the
 # latent projections and their norms (q_a, kv_a with the decoupled rope key), and the absorbed
 # W_UK / W_UV batched GEMMs around the latent attention, small kernels a decode batch does not
@@ -794,7 +808,8 @@ def shape_for(setup: Any) -> Shape:
         gpu_name=gpu.name,
         gpu_vendor=gpu.vendor,
         expert_kernel_eff=MOE_FORMAT_EFF_BY_CLASS.get((cls, fmt), MOE_FORMAT_EFF[fmt]),
-        moe_floor_s=MOE_LAYER_FLOOR_S.get(fmt, 0.0) * len(m.moe_layers) if m.is_moe else 0.0,
+        moe_floor_s=(MOE_LAYER_FLOOR_S.get(fmt, 0.0) + MOE_LAYER_BY_CLASS_S.get((cls, q), 0.0))
+        * len(m.moe_layers) if m.is_moe else 0.0,
         mla_floor_s=MLA_LAYER_S * m.attention_layers if m.attention == "mla" else 0.0,
         moe_token_s=MOE_TOKEN_LAYER_S * len(m.moe_layers) if m.is_moe else 0.0,
         expert_stream_bps=MOE_STREAM_CAP_TBPS.get((cls, fmt), 0.0) * 1e12,
