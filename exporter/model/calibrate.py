@@ -342,9 +342,9 @@ def fit_rows(prior: Calibration, meas: Sequence[Measurement],
     if not meas:
         return Fit(prior, names, (0.0,) * len(names), (), prior_err, prior_err, 0)
     meas, ttft_aside = _ttft_informative(prior, meas)
-    top = max((m.load for m in meas), default=0.0)
-    jump = any(m.ttft_s and m.load == top and m.load > min(x.load for x in meas)
-               and m.ttft_s > JUMP * m.predict(prior).ttft_s for m in meas)
+    top, low = max(m.load for m in meas), min(m.load for m in meas)
+    jump = top > low and any(m.ttft_s and m.load == top and m.ttft_s > JUMP * m.predict(prior).ttft_s
+                             for m in meas)
     if not jump and not any(m.ttft_s and m.peak_pool_share > 1.0 for m in meas):
         # the pool shows only in the queueing of a load past it (or, `JUMP`, one that should not
         # be): with no such row's TTFT kept, `kv_capacity` would explain a saturated row's TPOT
@@ -709,8 +709,7 @@ def _above_floor(setup: Any, rows: Sequence[Row]) -> tuple[list[Row], tuple[str,
     below: list[tuple[Row, float]] = []
     for r in rows:
         floor = tpot_floor_s(setup, prompt_tokens=r.input_len, output_tokens=r.output_len,
-                             concurrency=r.concurrency, tpot_s=r.tpot_s or 0.0, ttft_s=r.ttft_s) \
-            if r.tpot_s else 0.0
+                             concurrency=r.concurrency, tpot_s=r.tpot_s, ttft_s=r.ttft_s) if r.tpot_s else 0.0
         if r.tpot_s and r.tpot_s < floor:
             below.append((r, floor))
         else:

@@ -114,11 +114,10 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
     cap = startup_utilization_cap(setup)
     if cap is not None and util > cap:
         util = math.floor(cap * 100) / 100
+        held = (f": {setup.gpu_memory_in_use_gib:g} GiB held by other processes" if setup.gpu_memory_in_use_gib
+                else " after vLLM's own context")
         binding["gpu_memory_utilization"] = (f"free memory at startup ({cap * setup.gpu_memory_gib:.1f} of "
-                                             f"{setup.gpu_memory_gib:.0f} GiB: {setup.gpu_memory_in_use_gib:g} GiB "
-                                             f"held by other processes)" if setup.gpu_memory_in_use_gib else
-                                             f"free memory at startup ({cap * setup.gpu_memory_gib:.1f} of "
-                                             f"{setup.gpu_memory_gib:.0f} GiB after vLLM's own context)")
+                                             f"{setup.gpu_memory_gib:.0f} GiB{held})")
     tuned = setup.with_(gpu_memory_utilization=util, max_model_len=max(mml, 16))
     # max_num_seqs: KV slots for this traffic vs the TPOT SLO batch
     kv_tokens = kv_tokens_for(tuned)

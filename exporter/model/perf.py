@@ -474,7 +474,8 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     if shape.host_weight_bytes or shape.host_expert_bytes:
         # offloaded layers' GEMMs read their weights over the host link, at its rate (UVA)
         t_gemm += (shape.host_weight_bytes + shape.host_expert_bytes * touched) / shape.host_bytes_per_s
-    t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers + shape.moe_floor_s + shape.mla_floor_s
+    t = (t_gemm + t_attn + cal.step_overhead_s + cal.layer_s * shape.n_layers
+         + shape.moe_floor_s + shape.mla_floor_s
          + shape.moe_token_s * (prefill_tokens + (cal.moe_decode_token_scale - 1.0) * b * tokens_per_seq)
          + cal.per_seq_s * seqs
          + cal.per_token_s * shape.activation_width_m * bw_scale / shape.tp * tokens
@@ -898,7 +899,8 @@ def tpot_floor_s(setup: Any, *, prompt_tokens: float, output_tokens: float, conc
     concurrency / (TTFT + (output - 1) x TPOT) requests per second, each with `prompt_tokens` to
     compute), the GEMMs no faster than the longer of their weight read and their math at peak.
     A measured TPOT under this was not the work the row states: a cached prefix, shorter prompts,
-    or fewer requests in flight than its concurrency. A speculative setup may emit up to 1 + k tokens a step, so its floor is divided by that."""
+    or fewer requests in flight than its concurrency. A speculative setup may emit up to 1 + k
+    tokens a step, so its floor is divided by that."""
     if setup.pp > 1 or setup.dp > 1 or output_tokens <= 1 or tpot_s <= 0 or concurrency < 1:
         return 0.0
     shape = shape_for(setup)
