@@ -207,6 +207,17 @@ MOE_OVERLAPPED = {("blackwell", "fp8"), ("blackwell", "mxfp4"), ("blackwell", "b
 # at 0.15: on aiconfigurator's MoE rows 0.2 costs TTFT (20.3 -> ~24 % over the 820), and those
 # rows would then be choosing it.
 MOE_TOKEN_LAYER_S = 0.15e-6
+# The same on Blackwell's FlashInfer fused MoE (the MOE_OVERLAPPED paths: TRT-LLM / CUTLASS
+# grouped GEMMs that route and permute inside the kernel, where Hopper's Triton path runs
+# topk, moe_align_block_size and the permutations as kernels of their own): half, 0.075 us per
+# token and MoE layer. Read off SemiAnalysis InferenceMAX's gpt-oss-120b B200 sweep on vLLM
+# 0.13.0 (the run of MOE_LAYER_BY_CLASS_S, all 56 rows, c = 4-128), where TTFT at 8192/1024 and
+# c = 4 falls 107 -> 82 -> 70 -> 72 ms over TP 1-8: 0.15 us leaves 40 ms of it at every TP
+# (111 -> 102 -> 96 -> 93 predicted); 0.075 us, with the 16-bit layers at their own rate
+# (Shape.wide_flops_per_token), 115 -> 87 -> 72 -> 65. Those 56 rows, TPOT / TTFT: 7.6 / 18.1 %
+# at 0.15 us, 6.1 / 10.6 % at 0.1, 5.3 / 11.0 % at 0.075, 4.8 / 16.9 % at 0.05. Held out:
+# aiconfigurator's B200 rows (MiniMax-M2.5 FP8 and NVFP4, Kimi-K2.5 NVFP4, gpt-oss 0.15.1).
+MOE_TOKEN_LAYER_FUSED_S = 0.075e-6
 
 
 # Dequantizing MoE kernels (4-bit experts upcast in registers: MXFP4 through triton_kernels'
@@ -396,6 +407,13 @@ class Shape:
                                     # memory (UVA) every step instead of HBM, dense part
     host_expert_bytes: float = 0.0  # the routed experts among them (read as far as tokens touch them)
     host_bytes_per_s: float = 1.0   # the host link's read rate (GPU.host_read_bytes_per_s)
+    wide_flops_per_token: float = 0.0  # the part of flops_per_token (lm_head aside) in layers the
+                                    # checkpoint keeps in the model dtype, run as 16-bit GEMMs
+                                    # though compute_dtype is narrower (gpt-oss's attention and
+                                    # router under MXFP4 experts, ModelOpt NVFP4 MoE checkpoints'
+                                    # attention); with the lm_head's, at `wide_peak_flops`
+    wide_peak_flops: float = 0.0    # dense peak of those 16-bit GEMMs; 0 when compute_dtype is
+                                    # 16-bit already (everything at `peak_flops`)
     activation_width_m: float = 1.0  # millions of activation elements a token passes through,
                                     # all layers (ModelArch.activation_width / 1e6, which
                                     # shape_for always sets): scales the per-token GPU work
@@ -449,13 +467,19 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     # positions, one per prefill; a prompt's other tokens skip the lm_head GEMM
     sampled = b * tokens_per_seq + (1.0 if prefill_tokens else 0.0)
     flops = shape.flops_per_token * tokens - shape.head_flops_per_token * max(tokens - sampled, 0.0)
+    # the layers left in the model dtype (and the lm_head) run 16-bit GEMMs at their own rate
+    wide = 0.0
+    t_wide = 0.0
+    if shape.wide_peak_flops:
+        wide = min(shape.wide_flops_per_token * tokens + shape.head_flops_per_token * min(sampled, tokens), flops)
+        t_wide = wide / (cal.flops_eff_bf16 * shape.wide_peak_flops)
     if shape.expert_flops_per_token:
         # MoE through Triton or Marlin kernels (not MOE_OVERLAPPED): the dense GEMMs on their
         # roofline, then the routed experts' weight reads and their math, one after the other
-        f_exp = min(shape.expert_flops_per_token * tokens, flops)
-        t_gemm = max(t_dense, (flops - f_exp) / eff_peak) + t_experts + f_exp / eff_peak
+        f_exp = min(shape.expert_flops_per_token * tokens, flops - wide)
+        t_gemm = max(t_dense, (flops - f_exp - wide) / eff_peak + t_wide) + t_experts + f_exp / eff_peak
     else:
-        t_gemm = max(t_dense + t_experts, flops / eff_peak)
+        t_gemm = max(t_dense + t_experts, (flops - wide) / eff_peak + t_wide)
     # attention: decode queries each over their context; prefill causal over the chunk plus the
     # already-computed prefix
     attn_flops = tokens_per_seq * (decode_context_tokens * shape.attn_flops_per_ctx_token
@@ -687,8 +711,14 @@ def compute_dtype(setup: Any) -> str:
     """The GEMM input format vLLM runs for this weight scheme on this GPU: fp8 schemes use FP8
     tensor cores where the GPU has them; FP4 weights run FP4 GEMMs only where the GPU has FP4
     tensor cores (Blackwell), otherwise they are dequantised to 16-bit (Marlin/Triton), like
-    w4a16/AWQ/GPTQ."""
+    w4a16/AWQ/GPTQ. MXFP4 experts (gpt-oss) take FP8 activations there, not FP4 ones: FlashInfer's
+    MXFP4 x MXFP8 MoE, which vLLM's recipe turns on for Blackwell
+    (VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, recipes models/openai/gpt-oss-120b.yaml, and every
+    InferenceMAX B200 run), so their math runs at the FP8 rate. The layers a checkpoint leaves in
+    the model dtype run 16-bit GEMMs whatever this says (`Shape.wide_flops_per_token`)."""
     q = setup.quantization
+    if q == "mxfp4" and setup.gpu.fp4_tflops > 0 and setup.gpu.fp8_tflops > 0:
+        return "fp8"
     if q in _FP4_SCHEMES and setup.gpu.fp4_tflops > 0:
         return "fp4"
     if q in _FP8_SCHEMES and setup.gpu.fp8_tflops > 0:
@@ -720,6 +750,23 @@ def _kv_read_bytes(setup: Any, kind: str = "full") -> float:
         return float(stored)
     wide = kvc.token_bytes_per_layer(replace(setup, kv_cache_dtype="auto"), kind)
     return FP8_KV_READ_COST * wide
+
+
+def _wide_params_on_rank(setup: Any) -> float:
+    """Linear parameters on one TP rank (routed experts and lm_head aside) that the checkpoint
+    keeps in the model dtype: every dense layer under MXFP4 (it quantizes only the routed
+    experts), else the parts `unquantized_parts` names."""
+    from exporter.model.architectures import unquantized_parts
+    m, tp = setup.model, setup.tp
+    linear, experts, _ = m.layer_params()
+    rep = m.replicated_linear_params()
+    if setup.quantization == "mxfp4":
+        keep, rep_keep = linear - experts, rep
+    else:
+        parts = unquantized_parts(m, setup.quantization)
+        keep = m.unquantized_linear_params(parts)
+        rep_keep = rep if "attention" in parts else 0
+    return (keep - rep_keep) / tp + rep_keep
 
 
 @lru_cache(maxsize=4096)
@@ -812,7 +859,8 @@ def shape_for(setup: Any) -> Shape:
         moe_floor_s=(MOE_LAYER_FLOOR_S.get(fmt, 0.0) + MOE_LAYER_BY_CLASS_S.get((cls, q), 0.0))
         * len(m.moe_layers) if m.is_moe else 0.0,
         mla_floor_s=MLA_LAYER_S * m.attention_layers if m.attention == "mla" else 0.0,
-        moe_token_s=MOE_TOKEN_LAYER_S * len(m.moe_layers) if m.is_moe else 0.0,
+        moe_token_s=(MOE_TOKEN_LAYER_FUSED_S if (cls, fmt) in MOE_OVERLAPPED else MOE_TOKEN_LAYER_S)
+        * len(m.moe_layers) if m.is_moe else 0.0,
         expert_stream_bps=MOE_STREAM_CAP_TBPS.get((cls, fmt), 0.0) * 1e12,
         sort_vocab=float(m.vocab_size) if getattr(m, "sampling_sorts", False) else 0.0,
         allreduce_hops=hops,
@@ -821,6 +869,8 @@ def shape_for(setup: Any) -> Shape:
         expert_flops_per_token=(2.0 * experts * m.experts_per_token / m.num_experts / tp
                                 if m.is_moe and experts and (cls, fmt) not in MOE_OVERLAPPED else 0.0),
         activation_width_m=m.activation_width / 1e6,
+        wide_flops_per_token=2.0 * _wide_params_on_rank(setup) if cd != "bf16" else 0.0,
+        wide_peak_flops=gpu.tflops("bf16") * 1e12 if cd != "bf16" else 0.0,
         host_weight_bytes=host_dense, host_expert_bytes=host_experts,
         host_bytes_per_s=gpu.host_read_bytes_per_s,
     )

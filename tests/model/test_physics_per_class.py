@@ -330,7 +330,11 @@ def test_triton_and_marlin_moe_add_the_experts_math_to_their_reads_blackwell_ove
     no_math = perf.step_time_shape(one_roofline, cal, b, ctx, 0.0)
     peak = cal.flops_eff_fp8 * shape.peak_flops
     expert_math = shape.expert_flops_per_token * b / peak
-    dense_math = (shape.flops_per_token - shape.expert_flops_per_token) * b / peak
+    # the lm_head (and any layer the checkpoint keeps in 16 bits) at the 16-bit rate
+    wide = (shape.wide_flops_per_token + shape.head_flops_per_token) * b
+    assert shape.wide_peak_flops == pytest.approx(989e12) and wide > 0
+    dense_math = ((shape.flops_per_token - shape.expert_flops_per_token) * b - wide) / peak \
+        + wide / (cal.flops_eff_bf16 * shape.wide_peak_flops)
     dense_read = shape.dense_weight_bytes / (cal.bw_eff * shape.bw_bytes_per_s)
     all_weights = shape.dense_weight_bytes + shape.expert_weight_bytes  # all touched at 512
     assert (dense_math + expert_math) < all_weights / (cal.bw_eff * shape.bw_bytes_per_s)
@@ -465,3 +469,32 @@ def test_mla_down_projections_are_whole_on_every_tp_rank():
         2 * rep * 7 / 8, rel=1e-9)
     # GQA models replicate nothing
     assert Setup.build("meta-llama/Llama-3.1-70B-Instruct", "H200", tp=8).model.replicated_linear_params() == 0
+
+
+def test_layers_a_checkpoint_keeps_in_16_bits_run_16_bit_gemms():
+    """A quantized checkpoint's layers left in the model dtype (gpt-oss: all but the routed
+    experts; ModelOpt's NVFP4 MoE releases: attention) and the lm_head run 16-bit GEMMs at the
+    16-bit peak, not at the quantized experts' rate; gpt-oss's MXFP4 experts take FP8 activations
+    on Blackwell (FlashInfer MXFP4 x MXFP8, vLLM's recipe there)."""
+    def shape(model, gpu, quant=None, tp=2):
+        s = Setup.build(model, gpu, tp=tp, quantization=quant, max_model_len=8192)
+        return perf.shape_for(s), s.model
+    oss, m = shape("openai/gpt-oss-120b", "B200")
+    linear, experts, _ = m.layer_params()
+    assert oss.compute_dtype == "fp8" and oss.peak_flops == pytest.approx(4500e12)
+    assert oss.wide_flops_per_token == pytest.approx(2 * (linear - experts) / 2)
+    assert oss.wide_peak_flops == pytest.approx(2250e12)
+    hopper, _ = shape("openai/gpt-oss-120b", "H200")
+    assert hopper.compute_dtype == "bf16" and hopper.wide_peak_flops == 0.0   # all 16-bit already
+    nvfp4, mm = shape("MiniMaxAI/MiniMax-M2.5", "B200", "nvfp4")
+    attention = sum(mm.attention_params_per_layer(i) for i in range(mm.num_layers) if mm.has_attention(i))
+    assert nvfp4.compute_dtype == "fp4" and nvfp4.wide_flops_per_token == pytest.approx(2 * attention / 2)
+    llama, _ = shape("meta-llama/Llama-3.1-70B", "H200", "fp8")
+    assert llama.wide_flops_per_token == 0.0 and llama.wide_peak_flops == pytest.approx(989e12)  # the lm_head
+    # a compute-bound prefill step pays the 16-bit share at the 16-bit rate
+    cal = perf.calibration_for("B200")
+    split = perf.step_time_shape(oss, cal, 0, 0.0, 8192)
+    narrow = perf.step_time_shape(replace(oss, wide_peak_flops=0.0), cal, 0, 0.0, 8192)
+    wide = oss.wide_flops_per_token * 8192 + oss.head_flops_per_token
+    assert split - narrow == pytest.approx(
+        wide / (cal.flops_eff_bf16 * 2250e12) - wide / (cal.flops_eff_fp8 * 4500e12), rel=1e-6)
