@@ -10,7 +10,8 @@ of the same models were the held-out check (docs/model.md).
   2026-01-02, its agg_bmk.json as copied in github.com/gminneci/mantile @ 1d3c259c,
   reconcile/sources/inferencemax/raw/; random prompts, range ratio 0.8, --ignore-eos, 10 x c
   prompts; B200 with VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 and an FP8 cache, H100/H200 with
-  VLLM_MXFP4_USE_MARLIN=1 and the default cache): perf.MOE_LAYER_BY_CLASS_S.
+  VLLM_MXFP4_USE_MARLIN=1 and the default cache): perf.MOE_LAYER_BY_CLASS_S, and its B200
+  8192/1024 rows perf.MOE_TOKEN_LAYER_FUSED_S with the 16-bit layers at their own rate.
 """
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from exporter.model import perf
 from exporter.model.perf import predict
 from exporter.model.setup import Setup
 from exporter.model.traffic import Traffic
+
+# Both clients (InferenceX's utils/bench_serving) draw each request's input and output lengths
+# uniformly from [0.8, 1] x nominal (--random-range-ratio 0.8): the mean is 0.9 x
+MEAN = 0.9
 
 # gpu, tp, weight format (None: the checkpoint's INT4), concurrency, measured TPOT ms
 INFERENCEX_KIMI = [
@@ -34,7 +39,7 @@ def _errors() -> list[float]:
     for gpu, tp, quant, c, tpot_ms in INFERENCEX_KIMI:
         s = Setup.build("moonshotai/Kimi-K2.5", gpu, tp=tp, quantization=quant, vllm_version="0.21.0",
                         kv_cache_dtype=None)
-        p = predict(s, Traffic(prompt_tokens_mean=8192, output_tokens_mean=1024), concurrency=c)
+        p = predict(s, Traffic(prompt_tokens_mean=MEAN * 8192, output_tokens_mean=MEAN * 1024), concurrency=c)
         out.append(p.tpot_s * 1e3 / tpot_ms - 1)
     return out
 
@@ -83,7 +88,7 @@ def _gpt_oss_errors(gpu_prefix: str) -> list[float]:
             continue
         s = Setup.build("openai/gpt-oss-120b", gpu, tp=tp, vllm_version="0.13.0",
                         kv_cache_dtype="fp8" if gpu.startswith("B200") else "auto")
-        p = predict(s, Traffic(prompt_tokens_mean=prompt, output_tokens_mean=output), concurrency=c)
+        p = predict(s, Traffic(prompt_tokens_mean=MEAN * prompt, output_tokens_mean=MEAN * output), concurrency=c)
         out.append(p.tpot_s * 1e3 / tpot_ms - 1)
     return out
 
@@ -110,8 +115,7 @@ def test_without_the_blackwell_mxfp4_moe_path_every_b200_run_is_predicted_too_sl
         perf.shape_for.cache_clear()
 
 
-# The same run, 8192/1024 on B200 (random lengths uniform in [0.8, 1] x nominal: the mean is 0.9 x):
-# tp, concurrency, mean TTFT ms, mean TPOT ms
+# The same run, 8192/1024 on B200: tp, concurrency, mean TTFT ms, mean TPOT ms
 INFERENCEMAX_GPT_OSS_B200_8K = [
     (1, 4, 105.1, 4.089), (2, 4, 81.9, 3.577), (4, 4, 73.1, 3.166), (8, 4, 68.1, 3.002),
     (1, 64, 382.2, 14.572), (2, 64, 269.2, 9.673), (4, 64, 223.8, 7.110),
@@ -122,7 +126,7 @@ def _gpt_oss_b200_8k() -> list[tuple[float, float]]:
     out = []
     for tp, c, ttft_ms, tpot_ms in INFERENCEMAX_GPT_OSS_B200_8K:
         s = Setup.build("openai/gpt-oss-120b", "B200-180GB", tp=tp, vllm_version="0.13.0", kv_cache_dtype="fp8")
-        p = predict(s, Traffic(prompt_tokens_mean=0.9 * 8192, output_tokens_mean=0.9 * 1024), concurrency=c)
+        p = predict(s, Traffic(prompt_tokens_mean=MEAN * 8192, output_tokens_mean=MEAN * 1024), concurrency=c)
         out.append((p.ttft_s * 1e3 / ttft_ms - 1, p.tpot_s * 1e3 / tpot_ms - 1))
     return out
 
