@@ -25,11 +25,10 @@ import argparse
 import csv
 import sys
 
+from exporter.loadgen import calibration
+
 SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "b200_sxm": "B200-180GB",
            "b300_sxm": "B300-288GB", "gb200": "GB200-186GB"}
-COLUMNS = ["model", "gpu", "tp", "dtype", "input_len", "output_len", "concurrency", "output_tok_s",
-           "tpot_ms", "ttft_ms", "source", "num_gpus", "engine", "engine_version",
-           "output_tok_s_derived", "notes", "kv_cache_dtype"]
 FP8_KV_MODES = {"fp8", "fp8_block", "fp8_static", "nvfp4"}   # quant modes aiconfigurator runs with FP8 KV
 
 
@@ -67,9 +66,7 @@ def main() -> int:
     ap.add_argument("--gpu", action="append", default=[], help="keep these GPUs (substring, repeatable)")
     a = ap.parse_args()
     rows = convert(a.silicon_csv, a.gpu)
-    w = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
-    w.writeheader()
-    w.writerows(rows)
+    calibration.write_to(sys.stdout, rows, extra=("kv_cache_dtype",))
     print(f"aic_rows: {len(rows)} rows", file=sys.stderr)
     return 0
 

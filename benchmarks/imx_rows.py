@@ -20,15 +20,13 @@ cache (`kv-cache-dtype: fp8` in their config.yaml), Hopper ones vLLM's default.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
 
+from exporter.loadgen import calibration
+
 GPUS = {"b200": "B200-180GB", "h200": "H200-SXM-141GB", "h100": "H100-SXM-80GB"}
-COLUMNS = ["model", "gpu", "tp", "dtype", "input_len", "output_len", "concurrency", "output_tok_s",
-           "tpot_ms", "ttft_ms", "source", "num_gpus", "engine", "engine_version",
-           "output_tok_s_derived", "notes", "kv_cache_dtype"]
 
 
 def convert(paths: list[Path], ratio: float) -> list[dict]:
@@ -68,9 +66,7 @@ def main() -> int:
         print(f"imx_rows: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
     rows = convert(a.paths, a.range_ratio)
-    w = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
-    w.writeheader()
-    w.writerows(rows)
+    calibration.write_to(sys.stdout, rows, extra=("kv_cache_dtype",))
     print(f"imx_rows: {len(rows)} rows", file=sys.stderr)
     return 0
 

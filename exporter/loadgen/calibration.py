@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Sequence
 
 COLUMNS = ("model", "gpu", "tp", "dtype", "input_len", "output_len", "concurrency", "output_tok_s",
            "tpot_ms", "ttft_ms", "source", "num_gpus", "engine", "engine_version",
@@ -60,6 +60,12 @@ def rows(levels: Sequence[dict[str, Any]], *, model: str, gpu: str, tp: int, dty
 
 def write(path: str | Path, data: Sequence[dict[str, str]]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(data)
+        write_to(fh, data)
+
+
+def write_to(fh: IO[str], data: Sequence[dict[str, str]], extra: Sequence[str] = ()) -> None:
+    """`data` as CSV on an open text stream, in COLUMNS then the `extra` ones (the public-table
+    converters in benchmarks/ add `kv_cache_dtype`)."""
+    w = csv.DictWriter(fh, fieldnames=[*COLUMNS, *extra])
+    w.writeheader()
+    w.writerows(data)
