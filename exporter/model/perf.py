@@ -326,7 +326,7 @@ def gpu_class(gpu_name: str, vendor: str = "nvidia") -> str:
 # What public runs say about the a-priori latency on each class no factor was fitted on (the runs
 # are named in docs/model.md and tests/model/test_public_startups_gpus.py); Hopper is the fit.
 PRIOR_ACCURACY = {
-    "blackwell": "public B200 sweeps put TPOT within 4-15 %; small-active MoE on the GDDR7 cards "
+    "blackwell": "public B200 sweeps put TPOT within 6-11 % (mean error by model family); small-active MoE on the GDDR7 cards "
                  "(RTX 5090, RTX PRO 6000) is predicted 20-45 % slow",
     "ampere": "a public A100 sweep ran 8-17 % slower than predicted, a single-stream AWQ run 2 % slower",
     "ada": "public single-stream L40S and RTX 4090 runs are within 8 %",
