@@ -326,8 +326,8 @@ def gpu_class(gpu_name: str, vendor: str = "nvidia") -> str:
 # What public runs say about the a-priori latency on each class no factor was fitted on (the runs
 # are named in docs/model.md and tests/model/test_public_startups_gpus.py); Hopper is the fit.
 PRIOR_ACCURACY = {
-    "blackwell": "public B200 sweeps put TPOT within 6-11 % (mean error by model family); small-active MoE on the GDDR7 cards "
-                 "(RTX 5090, RTX PRO 6000) is predicted 20-45 % slow",
+    "blackwell": "public B200 sweeps put TPOT within 6-11 % (mean error by model family); small-active "
+                 "MoE on the GDDR7 cards (RTX 5090, RTX PRO 6000) is predicted 20-45 % slow",
     "ampere": "a public A100 sweep ran 8-17 % slower than predicted, a single-stream AWQ run 2 % slower",
     "ada": "public single-stream L40S and RTX 4090 runs are within 8 %",
     "cdna3": "AMD's published MI300X tables run 1-22 % slower than predicted at batch 1 and 40-56 % "
@@ -471,7 +471,8 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     wide = 0.0
     t_wide = 0.0
     if shape.wide_peak_flops:
-        wide = min(shape.wide_flops_per_token * tokens + shape.head_flops_per_token * min(sampled, tokens), flops)
+        head = shape.head_flops_per_token * min(sampled, tokens)
+        wide = min(shape.wide_flops_per_token * tokens + head, flops)
         t_wide = wide / (cal.flops_eff_bf16 * shape.wide_peak_flops)
     if shape.expert_flops_per_token:
         # MoE through Triton or Marlin kernels (not MOE_OVERLAPPED): the dense GEMMs on their
