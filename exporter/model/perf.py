@@ -210,13 +210,16 @@ MOE_TOKEN_LAYER_S = 0.15e-6
 # The same on Blackwell's FlashInfer fused MoE (the MOE_OVERLAPPED paths: TRT-LLM / CUTLASS
 # grouped GEMMs that route and permute inside the kernel, where Hopper's Triton path runs
 # topk, moe_align_block_size and the permutations as kernels of their own): half, 0.075 us per
-# token and MoE layer. Read off SemiAnalysis InferenceMAX's gpt-oss-120b B200 sweep on vLLM
-# 0.13.0 (the run of MOE_LAYER_BY_CLASS_S, all 56 rows, c = 4-128), where TTFT at 8192/1024 and
-# c = 4 falls 107 -> 82 -> 70 -> 72 ms over TP 1-8: 0.15 us leaves 40 ms of it at every TP
-# (111 -> 102 -> 96 -> 93 predicted); 0.075 us, with the 16-bit layers at their own rate
-# (Shape.wide_flops_per_token), 115 -> 87 -> 72 -> 65. Those 56 rows, TPOT / TTFT: 7.6 / 18.1 %
-# at 0.15 us, 6.1 / 10.6 % at 0.1, 5.3 / 11.0 % at 0.075, 4.8 / 16.9 % at 0.05. Held out:
-# aiconfigurator's B200 rows (MiniMax-M2.5 FP8 and NVFP4, Kimi-K2.5 NVFP4, gpt-oss 0.15.1).
+# token and MoE layer. Read off SemiAnalysis InferenceMAX's gpt-oss-120b B200 sweeps on vLLM
+# 0.13.0 (GHA runs 20662362255 and 20667906037, the second MOE_LAYER_BY_CLASS_S's: 56
+# configurations at c = 4-128, the two runs averaged), where TTFT at 8192/1024 and c = 4 falls
+# 107 -> 82 -> 70 -> 72 ms over TP 1-8: 0.15 us leaves 40 ms of it at every TP (111 -> 102 ->
+# 96 -> 93 predicted); 0.075 us, with the 16-bit layers at their own rate
+# (Shape.wide_flops_per_token), 115 -> 87 -> 72 -> 65 (before Blackwell's fixed TTFT part,
+# `ttft_fixed_s`, which adds 5 ms). Those 56, TPOT / TTFT without that part: 7.6 / 18.1 % at
+# 0.15 us, 6.1 / 10.6 % at 0.1, 5.3 / 11.0 % at 0.075, 4.8 / 16.9 % at 0.05 (with it, 0.06 us
+# and 8 ms are as good: 5.0 / 6.2 %). Held out: aiconfigurator's B200 rows (MiniMax-M2.5 FP8 and
+# NVFP4, Kimi-K2.5 NVFP4, gpt-oss 0.15.1).
 MOE_TOKEN_LAYER_FUSED_S = 0.075e-6
 
 
@@ -293,10 +296,10 @@ CALIBRATIONS: dict[str, Calibration] = {
     # - sample_sort_s (the top-k/top-p sort, bandwidth-bound) scales like per_token_s;
     # - ttft_fixed_s: 5 ms, the one factor read off Blackwell rows. A lone short prompt's first
     #   token on B200 comes ~5 ms later than its prefill and steps add up to, which Hopper's
-    #   fit (0 ms) does not show: SemiAnalysis InferenceMAX's gpt-oss-120b B200 run on vLLM
-    #   0.13.0 (56 rows) TTFT 10.9 -> 6.2 % (signed -8.6 -> 0.0 %; 4 ms 6.6 %, 6 ms 6.0 % with
-    #   +1.7 % signed), its 0.11.2 run 10.4 -> 6.5 %, c=4 at 922/922 over TP 1-8 44.8 / 35.1 /
-    #   29.8 / 28.9 ms measured, 36 / 28 / 23 / 21 before. The cause is not identified (host or
+    #   fit (0 ms) does not show: SemiAnalysis InferenceMAX's gpt-oss-120b B200 runs on vLLM
+    #   0.13.0 (MOE_TOKEN_LAYER_FUSED_S's 56 configurations) TTFT 10.9 -> 6.2 % (signed -8.6 ->
+    #   0.0 %; 4 ms 6.6 %, 6 ms 6.0 % with +1.7 % signed), the 0.11.2 runs 10.4 -> 6.5 %; c=4 at
+    #   922/922 over TP 1-8 44.8 / 35.1 / 29.8 / 28.9 ms measured, 36 / 28 / 23 / 21 before. The cause is not identified (host or
     #   FlashInfer planning time per request); held out, aiconfigurator's B200 rows agree across
     #   families (TTFT 19.6 -> 18.3 %: gpt-oss 17.7 -> 13.4, Llama-3.1-70B 28.4 -> 26.7, MiniMax
     #   18.5 -> 17.9; Kimi-K2.5 9.2 -> 9.8).
