@@ -28,6 +28,21 @@ from exporter.model.traffic import Traffic
 # uniformly from [0.8, 1] x nominal (--random-range-ratio 0.8): the mean is 0.9 x
 MEAN = 0.9
 
+
+def _predict(model: str, gpu: str, tp: int, version: str, prompt: int, output: int, concurrency: int,
+             quantization: str | None = None, kv_cache_dtype: str | None = None):
+    """calc's prediction for one public run at its client's mean lengths."""
+    s = Setup.build(model, gpu, tp=tp, quantization=quantization, vllm_version=version,
+                    kv_cache_dtype=kv_cache_dtype)
+    return predict(s, Traffic(prompt_tokens_mean=MEAN * prompt, output_tokens_mean=MEAN * output),
+                   concurrency=concurrency)
+
+
+def _gpt_oss(gpu: str, tp: int, prompt: int, output: int, concurrency: int):
+    """InferenceMAX's gpt-oss-120b servers: an FP8 cache on B200, the default on Hopper."""
+    return _predict("openai/gpt-oss-120b", gpu, tp, "0.13.0", prompt, output, concurrency,
+                    kv_cache_dtype="fp8" if gpu.startswith("B200") else "auto")
+
 # gpu, tp, weight format (None: the checkpoint's INT4), concurrency, measured TPOT ms
 INFERENCEX_KIMI = [
     ("H200-SXM-141GB", 8, None, 4, 10.97), ("H200-SXM-141GB", 8, None, 8, 14.23),
@@ -39,9 +54,7 @@ INFERENCEX_KIMI = [
 def _errors() -> list[float]:
     out = []
     for gpu, tp, quant, c, tpot_ms in INFERENCEX_KIMI:
-        s = Setup.build("moonshotai/Kimi-K2.5", gpu, tp=tp, quantization=quant, vllm_version="0.21.0",
-                        kv_cache_dtype=None)
-        p = predict(s, Traffic(prompt_tokens_mean=MEAN * 8192, output_tokens_mean=MEAN * 1024), concurrency=c)
+        p = _predict("moonshotai/Kimi-K2.5", gpu, tp, "0.21.0", 8192, 1024, c, quantization=quant)
         out.append(p.tpot_s * 1e3 / tpot_ms - 1)
     return out
 
@@ -88,10 +101,7 @@ def _gpt_oss_errors(gpu_prefix: str) -> list[float]:
     for gpu, tp, prompt, output, c, tpot_ms in INFERENCEMAX_GPT_OSS:
         if not gpu.startswith(gpu_prefix):
             continue
-        s = Setup.build("openai/gpt-oss-120b", gpu, tp=tp, vllm_version="0.13.0",
-                        kv_cache_dtype="fp8" if gpu.startswith("B200") else "auto")
-        p = predict(s, Traffic(prompt_tokens_mean=MEAN * prompt, output_tokens_mean=MEAN * output), concurrency=c)
-        out.append(p.tpot_s * 1e3 / tpot_ms - 1)
+        out.append(_gpt_oss(gpu, tp, prompt, output, c).tpot_s * 1e3 / tpot_ms - 1)
     return out
 
 
@@ -127,8 +137,7 @@ INFERENCEMAX_GPT_OSS_B200_8K = [
 def _gpt_oss_b200_8k() -> list[tuple[float, float]]:
     out = []
     for tp, c, ttft_ms, tpot_ms in INFERENCEMAX_GPT_OSS_B200_8K:
-        s = Setup.build("openai/gpt-oss-120b", "B200-180GB", tp=tp, vllm_version="0.13.0", kv_cache_dtype="fp8")
-        p = predict(s, Traffic(prompt_tokens_mean=MEAN * 8192, output_tokens_mean=MEAN * 1024), concurrency=c)
+        p = _gpt_oss("B200-180GB", tp, 8192, 1024, c)
         out.append((p.ttft_s * 1e3 / ttft_ms - 1, p.tpot_s * 1e3 / tpot_ms - 1))
     return out
 
@@ -167,9 +176,7 @@ INFERENCEMAX_GPT_OSS_B200_SHORT = [
 def _gpt_oss_b200_short_ttft() -> list[float]:
     out = []
     for tp, output, ttft_ms in INFERENCEMAX_GPT_OSS_B200_SHORT:
-        s = Setup.build("openai/gpt-oss-120b", "B200-180GB", tp=tp, vllm_version="0.13.0", kv_cache_dtype="fp8")
-        p = predict(s, Traffic(prompt_tokens_mean=MEAN * 1024, output_tokens_mean=MEAN * output), concurrency=4)
-        out.append(p.ttft_s * 1e3 / ttft_ms - 1)
+        out.append(_gpt_oss("B200-180GB", tp, 1024, output, 4).ttft_s * 1e3 / ttft_ms - 1)
     return out
 
 
