@@ -65,7 +65,11 @@ def main() -> int:
     ap.add_argument("silicon_csv")
     ap.add_argument("--gpu", action="append", default=[], help="keep these GPUs (substring, repeatable)")
     a = ap.parse_args()
-    rows = convert(a.silicon_csv, a.gpu)
+    try:
+        rows = convert(a.silicon_csv, a.gpu)
+    except OSError as e:
+        print(f"aic_rows: cannot read {a.silicon_csv}: {e.strerror}", file=sys.stderr)
+        return 2
     calibration.write_to(sys.stdout, rows, extra=("kv_cache_dtype",))
     print(f"aic_rows: {len(rows)} rows", file=sys.stderr)
     return 0
