@@ -164,14 +164,16 @@ MOE_LAYER_BY_CLASS_S = {("blackwell", "mxfp4"): -17e-6}
 # An MLA layer's fixed time per step beyond a GQA layer's (`layer_s`, fitted on GQA models): the
 # latent projections and their norms (q_a, kv_a with the decoupled rope key), and the absorbed
 # W_UK / W_UV batched GEMMs around the latent attention, small kernels a decode batch does not
-# amortise. 18 us per MLA layer, read off SemiAnalysis InferenceX's Kimi-K2.5 runs on vLLM 0.21
+# amortise. 22 us per MLA layer, read off SemiAnalysis InferenceX's Kimi-K2.5 runs on vLLM 0.21
 # (8192/1024 at c=4 and 8: H200 and B200 INT4 at TP8, B200 NVFP4 at TP8 and TP4; blog
 # b200-nvfp4-vs-h200-int4-kimi-k2-vllm-perf-per-dollar, InferenceX-app @ 26a3586c): TPOT MAPE
-# 10.5 -> 2.0 % over the 7 (every one 6-16 % under before; 15 us 2.5 %, 20 us 2.1 %). Held out:
-# aiconfigurator's Kimi-K2.5 rows (0.15-0.17, 105 rows on B200 and H200), TPOT 12.1 / 11.8 ->
-# 6.8 / 6.6 %, TTFT 10.0 / 10.7 -> 10.3 / 11.2 %. DeepSeek-R1 stays under-predicted where public
-# runs exist (0.7.4.dev on 8 x H200, 3200/800 at c=4: 12.9 ms for 25.7): not explained by it.
-MLA_LAYER_S = 18e-6
+# 10.5 -> 1.7 % over the 7 (every one 6-16 % under without it; 18 us 2.9 %, 20 us 2.2 %, 24 us
+# 1.9 %). It was 18 us until the closed loop stopped charging a request's own prefill to its TPOT
+# (these runs' 8k prompts at 4-8 clients had carried ~3 % of it). Held out: aiconfigurator's
+# Kimi-K2.5 rows (0.15-0.17, 105 rows on B200 and H200), TPOT 12.1 / 11.8 -> 6.5 / 6.3 %, TTFT
+# 10.0 / 10.7 -> 9.9 / 11.3 %. DeepSeek-R1 stays under-predicted where public runs exist
+# (0.7.4.dev on 8 x H200, 3200/800 at c=4: 12.9 ms for 25.7): not explained by it.
+MLA_LAYER_S = 22e-6
 
 # Whether a routed-expert GEMM's math hides under its weight reads (roofline: the longer of the
 # two) or adds to them. vLLM runs MoE experts through Triton kernels on Hopper (block FP8:
@@ -241,12 +243,13 @@ MOE_STREAM_CAP_TBPS = {("hopper", "mxfp4"): 3.35, ("hopper", "int4"): 3.35, ("bl
 
 # --enforce-eager: no CUDA graphs, so the host launches every kernel of every layer each step and
 # the GPU waits on it when its own work is shorter: a step takes the longer of the GPU time and
-# the launches. ~300 us of launches per decoder layer, from two public eager-vs-graph pairs:
-# Llama-2-7B at batch 1 on A100, 12 ms per token eager against 10.5 with graphs (vllm PR #1926,
-# GPU-bound at 10.5: the eager step is the launches, ~340 us per layer over 32); Qwen2.5-7B
-# (Qwen2.5-Omni's thinker) on 2 x A800, 22 ms eager against 13 (vllm-omni issue #7960). A prior
-# [two measurements, not fitted]: the host CPU sets it.
-EAGER_LAYER_LAUNCH_S = 300e-6
+# the launches. Per decoder layer, the median of three public eager runs whose step the launches
+# set: Llama-2-7B at batch 1 on A100, 12 ms per token eager against 10.5 with graphs (vllm PR
+# #1926, V0 of 2023: ~335 us per layer over 32 after the step's fixed cost); Qwen3-14B-AWQ alone on
+# an A100 at 16k context under V1 0.9.1, 20.63 ms per token (vllm issue #20469: ~480 us over 40);
+# Qwen2.5-7B (Qwen2.5-Omni's thinker) on A800 under vllm-omni, 22 ms eager against 13 (vllm-omni
+# issue #7960: ~740 us over 28). The host CPU and the release set it, so expect +-40 %.
+EAGER_LAYER_LAUNCH_S = 480e-6
 
 
 _FIT_SOURCE = ("Nelder-Mead fit of the objective in benchmarks/accuracy_latency.py (--fit reruns it) on "
@@ -613,13 +616,16 @@ def steady_state(shape: Shape, cal: Calibration, *, prompt: float, output: float
             extra += t_p - t_d
             done += c
         # time accounting of continuous batching: every decode step costs t_d, and each request
-        # adds `extra` once (its prefill chunks riding in decode steps). Closed loop: x = n / r,
-        # r = ttft + a * tbar, so tbar * (1 - n * extra / r) = t_d is a quadratic in tbar.
+        # adds `extra` once (its prefill chunks riding in decode steps). Closed loop: each of the
+        # n - 1 other clients prefills once per cycle r = ttft + a * tbar, and a request's own
+        # prefill is in its TTFT, never between its tokens, so tbar * (1 - (n - 1) * extra / r) =
+        # t_d is a quadratic in tbar (a lone client decodes at t_d).
         a = steps_out
         if rate is None and a > 0:
-            q = ttft - n_new * extra - a * t_d
+            others = max(n_new - 1.0, 0.0)
+            q = ttft - others * extra - a * t_d
             tbar_new = (-q + math.sqrt(q * q + 4.0 * a * t_d * ttft)) / (2.0 * a) if ttft > 0 \
-                else max(t_d + n_new * extra / a, t_d)
+                else max(t_d + others * extra / a, t_d)
         else:
             tbar_new = t_d / (1.0 - min(x * extra, 0.95))
         xr = x if rate is not None else n_new / max(ttft + a * tbar_new, 1e-9)
