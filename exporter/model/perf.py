@@ -965,9 +965,9 @@ def tpot_floor_s(setup: Any, *, prompt_tokens: float, output_tokens: float, conc
     No model factor is used, only the datasheet, at 100 % of it: each step reads the dense weights
     (of an MoE layer's experts, only the top-k one token picks) and the running requests' KV
     (stored at one byte per element, whatever the cache dtype; attention's math left out), and
-    runs the GEMMs of its decode tokens and of its share of the prompts (Little's law:
+    runs the GEMMs of its decode tokens and of the other clients' prompts (Little's law:
     concurrency / (TTFT + (output - 1) x TPOT) requests per second, each with `prompt_tokens` to
-    compute), the GEMMs no faster than the longer of their weight read and their math at peak.
+    compute; a request's own prompt is before its first token), the GEMMs no faster than the longer of their weight read and their math at peak.
     A measured TPOT under this was not the work the row states: a cached prefix, shorter prompts,
     or fewer requests in flight than its concurrency. A speculative setup may emit up to 1 + k
     tokens a step, so its floor is divided by that."""
@@ -981,7 +981,8 @@ def tpot_floor_s(setup: Any, *, prompt_tokens: float, output_tokens: float, conc
     if ttft_s is None or ttft_s <= 0:
         ttft_s = prompt_tokens * per_token / shape.peak_flops        # its own prefill, at peak
     rate = concurrency / (ttft_s + (output_tokens - 1.0) * tpot_s)
-    prefill_share = rate * prompt_tokens * per_token / shape.peak_flops
+    # a request's tokens wait on the other clients' prompts, its own came before its first token
+    prefill_share = rate * (concurrency - 1.0) / concurrency * prompt_tokens * per_token / shape.peak_flops
     if prefill_share >= 1.0:
         return math.inf        # the prompts alone need more than the GPU's peak
     ctx = prompt_tokens + output_tokens / 2.0
