@@ -967,7 +967,8 @@ def tpot_floor_s(setup: Any, *, prompt_tokens: float, output_tokens: float, conc
     (stored at one byte per element, whatever the cache dtype; attention's math left out), and
     runs the GEMMs of its decode tokens and of the other clients' prompts (Little's law:
     concurrency / (TTFT + (output - 1) x TPOT) requests per second, each with `prompt_tokens` to
-    compute; a request's own prompt is before its first token), the GEMMs no faster than the longer of their weight read and their math at peak.
+    compute; a request's own prompt is before its first token), the GEMMs no faster than the
+    longer of their weight read and their math at peak.
     A measured TPOT under this was not the work the row states: a cached prefix, shorter prompts,
     or fewer requests in flight than its concurrency. A speculative setup may emit up to 1 + k
     tokens a step, so its floor is divided by that."""
@@ -982,7 +983,8 @@ def tpot_floor_s(setup: Any, *, prompt_tokens: float, output_tokens: float, conc
         ttft_s = prompt_tokens * per_token / shape.peak_flops        # its own prefill, at peak
     rate = concurrency / (ttft_s + (output_tokens - 1.0) * tpot_s)
     # a request's tokens wait on the other clients' prompts, its own came before its first token
-    prefill_share = rate * (concurrency - 1.0) / concurrency * prompt_tokens * per_token / shape.peak_flops
+    others = rate * (concurrency - 1.0) / concurrency
+    prefill_share = others * prompt_tokens * per_token / shape.peak_flops
     if prefill_share >= 1.0:
         return math.inf        # the prompts alone need more than the GPU's peak
     ctx = prompt_tokens + output_tokens / 2.0

@@ -54,17 +54,26 @@ def _emulated(setup: Setup, cal: perf.Calibration, clients: int, prompt: int, ou
     return (tpot.sum - s0) / (tpot.count - n0), (tpot.count - n0) / (eng.now - t0)
 
 
+def _closed_form(setup: Setup, cal: perf.Calibration, clients: int, prompt: int, output: int) -> perf.Operating:
+    """The closed form at the emulated clients' mean lengths (0.9 of nominal)."""
+    return perf.steady_state(perf.shape_for(setup), cal, prompt=0.9 * prompt, output=0.9 * output, hit=0.0,
+                             max_batched_tokens=setup.max_num_batched_tokens, max_seqs=setup.max_num_seqs,
+                             kv_tokens=perf.kv_tokens_for(setup), block_size=setup.block_size,
+                             clients=float(clients))
+
+
+def _without_client_side_ttft(gpu: str) -> perf.Calibration:
+    """The class factors without the TTFT parts the engine does not have."""
+    return replace(perf.calibration_for(gpu), ttft_fixed_s=0.0, ttft_steps=0.0, ttft_prefill_factor=1.0)
+
+
 @pytest.mark.parametrize("model,gpu,tp,prompt,output", SHAPES)
 @pytest.mark.parametrize("clients", [4, 16, 64])
 def test_closed_form_matches_the_emulated_scheduler_where_decode_dominates(model, gpu, tp, prompt, output, clients):
     setup = Setup.build(model, gpu, tp=tp, max_model_len=4096)
-    cal = perf.calibration_for(gpu)
-    cal = replace(cal, ttft_fixed_s=0.0, ttft_steps=0.0, ttft_prefill_factor=1.0)
+    cal = _without_client_side_ttft(gpu)
     tpot, rate = _emulated(setup, cal, clients, prompt, output)
-    op = perf.steady_state(perf.shape_for(setup), cal, prompt=0.9 * prompt, output=0.9 * output, hit=0.0,
-                           max_batched_tokens=setup.max_num_batched_tokens, max_seqs=setup.max_num_seqs,
-                           kv_tokens=perf.kv_tokens_for(setup), block_size=setup.block_size,
-                           clients=float(clients))
+    op = _closed_form(setup, cal, clients, prompt, output)
     # measured on these shapes: TPOT within 1.6 %, the request rate within 3.5 % (the closed
     # form's TTFT carries the fitted prefill-queue share, the engine queues as it schedules)
     assert op.tpot_s == pytest.approx(tpot, rel=0.03)
@@ -78,12 +87,9 @@ def test_a_requests_own_prefill_is_not_in_its_tpot(clients):
     own, which comes before its first token. Charging all n put one client 12 % above the emulated
     scheduler; now 0.02 % at one client, 1.8 % and 3.2 % under at two and four."""
     setup = Setup.build("Qwen/Qwen3-32B", "H100-SXM-80GB", tp=2, max_model_len=4608)
-    cal = replace(perf.calibration_for("H100-SXM-80GB"), ttft_fixed_s=0.0, ttft_steps=0.0, ttft_prefill_factor=1.0)
+    cal = _without_client_side_ttft("H100-SXM-80GB")
     tpot, _ = _emulated(setup, cal, clients, 4096, 128)
-    op = perf.steady_state(perf.shape_for(setup), cal, prompt=0.9 * 4096, output=0.9 * 128, hit=0.0,
-                           max_batched_tokens=setup.max_num_batched_tokens, max_seqs=setup.max_num_seqs,
-                           kv_tokens=perf.kv_tokens_for(setup), block_size=setup.block_size,
-                           clients=float(clients))
+    op = _closed_form(setup, cal, clients, 4096, 128)
     assert op.tpot_s == pytest.approx(tpot, rel=0.005 if clients == 1 else 0.04)
     if clients == 1:
         # one client alone decodes at the bare step of a one-request batch
