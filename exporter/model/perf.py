@@ -983,8 +983,8 @@ def tpot_floor_s(setup: Any, *, prompt_tokens: float, output_tokens: float, conc
         ttft_s = prompt_tokens * per_token / shape.peak_flops        # its own prefill, at peak
     rate = concurrency / (ttft_s + (output_tokens - 1.0) * tpot_s)
     # a request's tokens wait on the other clients' prompts, its own came before its first token
-    others = rate * (concurrency - 1.0) / concurrency
-    prefill_share = others * prompt_tokens * per_token / shape.peak_flops
+    others_rate = rate * (concurrency - 1.0) / concurrency
+    prefill_share = others_rate * prompt_tokens * per_token / shape.peak_flops
     if prefill_share >= 1.0:
         return math.inf        # the prompts alone need more than the GPU's peak
     ctx = prompt_tokens + output_tokens / 2.0

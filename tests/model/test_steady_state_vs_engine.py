@@ -20,6 +20,7 @@ import pytest
 
 from exporter.model import perf
 from exporter.model.setup import Setup
+from exporter.model.traffic import Traffic as ModelTraffic
 from exporter.sim.engine import HISTOGRAM_KEYS, Engine, EngineConfig, LengthDist, Phase, Traffic
 
 # (model, GPU, TP, prompt, output): dense and MoE, short and long, on one and two GPUs
@@ -54,12 +55,10 @@ def _emulated(setup: Setup, cal: perf.Calibration, clients: int, prompt: int, ou
     return (tpot.sum - s0) / (tpot.count - n0), (tpot.count - n0) / (eng.now - t0)
 
 
-def _closed_form(setup: Setup, cal: perf.Calibration, clients: int, prompt: int, output: int) -> perf.Operating:
-    """The closed form at the emulated clients' mean lengths (0.9 of nominal)."""
-    return perf.steady_state(perf.shape_for(setup), cal, prompt=0.9 * prompt, output=0.9 * output, hit=0.0,
-                             max_batched_tokens=setup.max_num_batched_tokens, max_seqs=setup.max_num_seqs,
-                             kv_tokens=perf.kv_tokens_for(setup), block_size=setup.block_size,
-                             clients=float(clients))
+def _closed_form(setup: Setup, cal: perf.Calibration, clients: int, prompt: int, output: int) -> perf.Prediction:
+    """calc's closed form at the emulated clients' mean lengths (0.9 of nominal)."""
+    traffic = ModelTraffic(prompt_tokens_mean=0.9 * prompt, output_tokens_mean=0.9 * output)
+    return perf.predict(setup, traffic, concurrency=clients, calibration=cal)
 
 
 def _without_client_side_ttft(gpu: str) -> perf.Calibration:
