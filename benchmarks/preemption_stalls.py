@@ -54,7 +54,7 @@ def measure(prompt: int, output: int, *, blocks: int, clients: int, max_seqs: in
                       client_timeout_s=1e12)
     seqs: list[int] = []
 
-    def timed(d, dc, p, pc):
+    def timed(d, dc, p, pc, chunks):
         seqs.append(d)
         return step_time(d, dc, p, pc)
 

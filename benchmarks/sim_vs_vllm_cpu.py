@@ -33,7 +33,7 @@ def simulate(duration: float, scale: float, seed: int = 2) -> list[dict]:
                       output=LengthDist(100000, kind="fixed"), max_tokens=1024)
     # a fixed part, a part per decoding sequence and a smaller one per prefill token; `scale`
     # is fitted so the simulated generation rate equals the real one.
-    def step(ds, dc, pt, pc):
+    def step(ds, dc, pt, pc, chunks):
         return scale * (1.0e-3 + 0.25e-3 * ds + 0.02e-3 * pt)
     eng = Engine(cfg, [Phase(0, traffic)], step, seed=seed,
                  histogram_bounds=bounds_for(era_for("0.32.0"), 4096, 64))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Sequence
 
 from exporter.errors import InputError
 from exporter.model.gpus import find_gpu
@@ -446,9 +446,12 @@ def _flops_eff(cal: Calibration, shape: Shape) -> float:
 
 def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_context_tokens: float,
                     prefill_tokens: float, prefill_context_tokens: float = 0.0,
-                    tokens_per_seq: float = 1.0) -> float:
+                    tokens_per_seq: float = 1.0,
+                    prefill_chunks: Sequence[tuple[float, float]] = ()) -> float:
     """Seconds of one engine step (see `step_time_s`). `tokens_per_seq` > 1 for spec-decode
-    verification (each decoding request carries 1 + k tokens)."""
+    verification (each decoding request carries 1 + k tokens). `prefill_chunks`: the (tokens,
+    context already cached) of each request's chunk when the step carries several; without it the
+    prefill tokens are one request's chunk."""
     b = decode_seqs
     tokens = b * tokens_per_seq + prefill_tokens
     if tokens <= 0:
@@ -498,14 +501,16 @@ def step_time_shape(shape: Shape, cal: Calibration, decode_seqs: float, decode_c
     else:
         t_gemm = max(t_dense + t_experts, (flops - wide) / eff_peak + t_wide)
     # attention: decode queries each over their context; prefill causal over the chunk plus the
-    # already-computed prefix
+    # already-computed prefix, each request's over its own (the varlen kernels run a step's
+    # chunks as separate sequences, none attending to another request's tokens)
     attn_flops = tokens_per_seq * (decode_context_tokens * shape.attn_flops_per_ctx_token
                                    + b * min(ctx_per_seq, shape.swa_window)
                                    * shape.swa_attn_flops_per_ctx_token)
-    if prefill_tokens:
-        span = prefill_context_tokens + prefill_tokens / 2.0
-        attn_flops += prefill_tokens * (span * shape.attn_flops_per_ctx_token
-                                        + min(span, shape.swa_window) * shape.swa_attn_flops_per_ctx_token)
+    chunks = prefill_chunks or (((prefill_tokens, prefill_context_tokens),) if prefill_tokens else ())
+    for p, c in chunks:
+        span = c + p / 2.0
+        attn_flops += p * (span * shape.attn_flops_per_ctx_token
+                           + min(span, shape.swa_window) * shape.swa_attn_flops_per_ctx_token)
     t_attn = max(kv * cal.kv_read_scale / (bw * cal.attn_bw_eff), attn_flops / eff_peak)
     # host: a fixed cost plus one per request in the batch; GPU small kernels: per token, on
     # this rank's slice (split over TP), and the sampler's sort per request (whole vocabulary on
@@ -897,13 +902,15 @@ def shape_for(setup: Any) -> Shape:
 
 
 def step_time_s(setup: Any, *, decode_seqs: int, decode_context_tokens: int, prefill_tokens: int,
-                prefill_context_tokens: int = 0) -> float:
+                prefill_context_tokens: int = 0,
+                prefill_chunks: Sequence[tuple[float, float]] = ()) -> float:
     """Seconds one vLLM engine step takes on `setup`.
 
     decode_seqs requests each generate one token, attending over `decode_context_tokens` tokens in
     total; `prefill_tokens` prompt tokens (one or more chunks) are computed in the same step,
     attending over `prefill_context_tokens` tokens already in the cache (prefix hits, earlier
-    chunks). Cheap: the per-setup work is cached."""
+    chunks); `prefill_chunks` gives each request's (tokens, cached context) when there are
+    several. Cheap: the per-setup work is cached."""
     last = _LAST_STEP_SETUP
     if last and last[0] is setup:  # the simulator asks about the same setup every step:
         shape, cal = last[1], last[2]  # skip hashing the nested dataclasses
@@ -912,7 +919,7 @@ def step_time_s(setup: Any, *, decode_seqs: int, decode_context_tokens: int, pre
         cal = calibration_for(shape.gpu_name, shape.gpu_vendor)
         _LAST_STEP_SETUP[:] = [setup, shape, cal]
     return step_time_shape(shape, cal, decode_seqs, decode_context_tokens, prefill_tokens,
-                           prefill_context_tokens)
+                           prefill_context_tokens, prefill_chunks=prefill_chunks)
 
 
 _LAST_STEP_SETUP: list = []

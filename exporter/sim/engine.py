@@ -31,8 +31,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-# step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens) -> s
-StepTimeFn = Callable[[int, int, int, int], float]
+# step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
+#           chunks) -> s; chunks: each request's (prefill or draft tokens, context already cached)
+StepTimeFn = Callable[[int, int, int, int, Sequence[tuple[int, int]]], float]
 
 FINISHED_REASONS = ("stop", "length", "abort")
 
@@ -463,18 +464,22 @@ class Engine:
         m.waiting = len(self.waiting)
         m.kv_usage = self.pool.usage()
         decode_seqs = decode_ctx = prefill_tokens = prefill_ctx = draft = 0
+        chunks: list[tuple[int, int]] = []
         for req, n in scheduled:
             if req.outputs > 0 and req.num_computed >= req.num_tokens - 1:
                 decode_seqs += 1
                 decode_ctx += req.num_computed
                 draft += n - 1
+                if n > 1:
+                    chunks.append((n - 1, req.num_computed))
             else:
                 prefill_tokens += n
                 prefill_ctx += req.num_computed
+                chunks.append((n, req.num_computed))
         if not scheduled:   # nothing fits (cannot happen with a sane pool); idle a moment
             self.now += 0.001
             return 0.001
-        dt = self.step_time(decode_seqs, decode_ctx, prefill_tokens + draft, prefill_ctx)
+        dt = self.step_time(decode_seqs, decode_ctx, prefill_tokens + draft, prefill_ctx, chunks)
         if draft:
             dt *= 1.0 + cfg.spec_draft_cost * cfg.spec_tokens
         dt = max(dt, 1e-5)

@@ -408,9 +408,9 @@ def _step_time(setup, scale: float = 1.0) -> StepTimeFn:
     """The calculator's step time of `setup`, times the scenario's `step_time_scale`."""
     from exporter.model.perf import step_time_s
 
-    def fn(ds: int, dc: int, pt: int, pc: int) -> float:
+    def fn(ds: int, dc: int, pt: int, pc: int, chunks: Sequence[tuple[int, int]] = ()) -> float:
         return scale * step_time_s(setup, decode_seqs=ds, decode_context_tokens=dc,
-                                   prefill_tokens=pt, prefill_context_tokens=pc)
+                                   prefill_tokens=pt, prefill_context_tokens=pc, prefill_chunks=chunks)
     return fn
 
 

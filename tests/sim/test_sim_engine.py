@@ -11,7 +11,7 @@ from exporter.sim.scenario import build, load_scenario
 from conftest import VLLM_CPU
 
 
-def linear_step(ds: int, dc: int, pt: int, pc: int) -> float:
+def linear_step(ds: int, dc: int, pt: int, pc: int, chunks=()) -> float:
     """A simple stand-in step time: 10 ms + 0.2 ms per decode seq + 50 us per prefill token."""
     return 0.010 + 0.0002 * ds + 1e-8 * dc + 5e-5 * pt + 1e-9 * pc
 
@@ -217,7 +217,7 @@ def test_matches_a_real_vllm_cpu_kv_pressure_timeline():
         tr = Traffic(rate=0.0, concurrency=48, prompt=LengthDist(512, kind="fixed"),
                      output=LengthDist(100000, kind="fixed"), max_tokens=1024)
         eng = Engine(cfg, [Phase(0, tr)],
-                     lambda ds, dc, pt, pc: scale * (1e-3 + 0.25e-3 * ds + 0.02e-3 * pt), seed=2)
+                     lambda ds, dc, pt, pc, chunks: scale * (1e-3 + 0.25e-3 * ds + 0.02e-3 * pt), seed=2)
         rows, t = [], 0.0
         while t <= real[-1]["t_s"]:
             eng.advance_to(t)

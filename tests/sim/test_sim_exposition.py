@@ -62,7 +62,7 @@ def simulated(version: str, max_model_len: int, max_num_seqs: int, *, busy: bool
                  max_num_seqs=max_num_seqs, cache_config=cache, start_time=1.76e9,
                  spec_tokens=spec_tokens)
     eng = Engine(cfg, [Phase(0, Traffic(rate=2.0, prompt=LengthDist(300), output=LengthDist(80)))],
-                 lambda ds, dc, pt, pc: 0.01 + 1e-4 * ds + 4e-5 * pt, seed=3,
+                 lambda ds, dc, pt, pc, chunks: 0.01 + 1e-4 * ds + 4e-5 * pt, seed=3,
                  histogram_bounds=r.bounds)
     if busy:
         eng.advance_to(60)
@@ -240,7 +240,7 @@ def test_prefix_queries_exclude_preempted_relookups_like_real_032():
     cfg = EngineConfig(num_gpu_blocks=48, block_size=128, max_num_seqs=64, max_model_len=4096)
     tr = Traffic(rate=0.0, concurrency=48, prompt=LengthDist(512, kind="fixed"),
                  output=LengthDist(10**5, kind="fixed"), max_tokens=1024)
-    eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc: 1e-3 + 2.5e-4 * ds + 2e-5 * pt, seed=1)
+    eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc, chunks: 1e-3 + 2.5e-4 * ds + 2e-5 * pt, seed=1)
     eng.advance_to(60)
     c = eng.metrics.counters
     assert c["preemptions"] > 0 and c["prefix_queries"] == c["prompt_tokens"] + 512 * sum(
@@ -260,7 +260,7 @@ def test_prefix_hit_ratio_matches_the_real_shared_prefix_run():
     cfg = EngineConfig(num_gpu_blocks=16384, block_size=128, max_num_seqs=64, max_model_len=4096)
     tr = Traffic(rate=0.0, concurrency=8, prompt=LengthDist(128, kind="fixed"),
                  output=LengthDist(64, kind="fixed"), shared_prefix_tokens=1024, prefix_share=1.0)
-    eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc: 2e-3 + 2e-4 * ds + 2e-6 * pt, seed=1)
+    eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc, chunks: 2e-3 + 2e-4 * ds + 2e-6 * pt, seed=1)
     eng.advance_to(60)
     c = eng.metrics.counters
     assert c["prefix_hits"] / c["prefix_queries"] == pytest.approx(real_ratio, abs=0.01)
@@ -297,7 +297,7 @@ def test_iteration_tokens_sum_identity_of_the_real_032_captures():
                                                       gpu_memory_utilization=0.9,
                                                       enable_prefix_caching=True),
                      start_time=1.7e9)
-        eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc: 0.01 + 1e-4 * ds + 4e-5 * pt,
+        eng = Engine(cfg, [Phase(0, tr)], lambda ds, dc, pt, pc, chunks: 0.01 + 1e-4 * ds + 4e-5 * pt,
                      seed=2, histogram_bounds=r.bounds)
         eng.advance_to(120)
         assert eng.metrics.counters["preemptions"] > 0 and eng.metrics.counters["prefix_hits"] > 0

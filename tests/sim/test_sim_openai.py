@@ -38,7 +38,7 @@ def _stream(url: str, body: dict) -> tuple[list[dict], list[float], float]:
 
 def test_engine_submit_reports_every_token_and_cancel_frees_blocks():
     cfg = EngineConfig(num_gpu_blocks=200, max_num_seqs=4)
-    eng = Engine(cfg, [Phase(0.0, Traffic(rate=0.0))], lambda ds, dc, pt, pc: 0.01 + 0.001 * ds + 1e-5 * pt)
+    eng = Engine(cfg, [Phase(0.0, Traffic(rate=0.0))], lambda ds, dc, pt, pc, chunks: 0.01 + 0.001 * ds + 1e-5 * pt)
     events = []
     req = eng.submit(50, 12, lambda t, n, r: events.append((t, n, r)))
     eng.advance_to(5.0)
