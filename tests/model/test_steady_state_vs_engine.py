@@ -7,6 +7,8 @@ steps by V1's rules (running requests first, chunked prompts within the token bu
 a closed loop of clients whose lengths vary as a benchmark client's do (uniform 0.8-1.0 of
 nominal). Where decode dominates, the mean TPOT and the request rate must agree: a change to the
 closed form's queueing algebra that breaks them shows here before it shows in any measured table.
+Prompt-heavy traffic, where a step carries several requests' prompt chunks, is held to a looser
+bound (the engine hands the step time each request's chunk).
 
 The client-visible TTFT parts (HTTP, tokenisation, the steps until the client sees the token) are
 not in the engine, so they are zeroed in the closed form here and TTFT is not compared: the
