@@ -83,6 +83,9 @@ def test_kv_read_factor_finds_a_kv_cache_half_the_predicted_bytes():
     # routing work per decode token: TPOT 2.2x the prior's at c=256 (FP8 MoE on B200 grows like
     # this above c=128); a weaker effect is absorbed by the bandwidth share, and the prior holds
     ("moe_decode_token", "moe_decode_token_scale", 20.0, (4, 256), (16, 32, 64, 128)),
+    # a milder routing cost (InferenceMAX's gpt-oss-120b on 2 x B200 fits ~2.2): the prior's
+    # spread must let the fit reach it rather than stop at a third of the way
+    ("moe_decode_token", "moe_decode_token_scale", 3.0, (4, 256), (16, 32, 64, 128)),
 ])
 def test_moe_curve_factors_are_fitted_from_two_loads_of_an_moe_sweep(factor, field, value, loads, between):
     """An MoE server whose TPOT grows with load unlike the a-priori curve: its batches share
@@ -101,6 +104,8 @@ def test_moe_curve_factors_are_fitted_from_two_loads_of_an_moe_sweep(factor, fie
     assert fit.rejected is None and factor in fit.names
     moved = math.log(getattr(fit.calibration, field) / getattr(prior, field))
     assert moved * math.log(value) > 0 and abs(moved) >= 0.3 * abs(math.log(value))
+    if factor == "moe_decode_token":
+        assert abs(moved) >= 0.8 * abs(math.log(value))
     errs, errs0 = [], []
     for c in between:
         want = predict(setup, t, concurrency=c, calibration=truth).tpot_s
