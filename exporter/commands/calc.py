@@ -489,13 +489,14 @@ def performance_sections(setup: Setup, args: argparse.Namespace, inp: Inputs) ->
     if args.calibrate:
         fit, notes = fit_calibration(setup, calibration_rows(args), quantization=args.quantization,
                                      vllm_version=args.vllm_version)
+    args._calibration = fit.calibration if fit is not None and fit.rows_used and not fit.rejected else None
     doc = performance_report(
         setup, prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
         prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,
         concurrency=args.concurrency, rate=args.rate, prefix_hit_ratio=inp.prefix_hit_ratio,
         ttft_slo=inp.ttft_slo, tpot_slo=inp.tpot_slo, spec_tokens=args.spec_tokens,
         spec_acceptance=args.spec_acceptance,
-        calibration=fit.calibration if fit is not None and fit.rows_used and not fit.rejected else None)
+        calibration=args._calibration)
     if fit is not None:
         doc["calibration"] = fit.as_dict()
         doc["notes"] = notes + doc.get("notes", [])
@@ -522,16 +523,18 @@ def sweep_section(setup: Setup, args: argparse.Namespace, inp: Inputs, doc: dict
                            prefix_hit_ratio=inp.prefix_hit_ratio)
     return tradeoff.sweep(_tuned(setup, rec), traffic, SLO(inp.ttft_slo, inp.tpot_slo), param,
                           recommended=rec.get(param), objective=inp.objective,
-                          concurrency=args.concurrency, rate=args.rate)
+                          concurrency=args.concurrency, rate=args.rate,
+                          calibration=getattr(args, "_calibration", None))
 
 
-def curve_section(setup: Setup, inp: Inputs, doc: dict[str, Any]) -> list[dict[str, Any]]:
+def curve_section(setup: Setup, inp: Inputs, doc: dict[str, Any],
+                  calibration: Any = None) -> list[dict[str, Any]]:
     rec = doc["recommendation"]
     traffic = make_traffic(prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,
                            prompt_tokens_p99=inp.prompt_tokens_p99, output_tokens_p99=inp.output_tokens_p99,
                            prefix_hit_ratio=inp.prefix_hit_ratio)
     return tradeoff.concurrency_curve(_tuned(setup, rec), traffic, SLO(inp.ttft_slo, inp.tpot_slo),
-                                      mark=rec["max_num_seqs"])
+                                      mark=rec["max_num_seqs"], calibration=calibration)
 
 
 def _refusal(setup: Setup, cap: KVCapacity, largest: int) -> str:
@@ -595,7 +598,8 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None:
         from exporter.reports.calc import render_calc_report
         sweep = doc.get("sweep") or sweep_section(setup, args, inp, doc, "max_num_seqs")
-        html = render_calc_report(doc, curve=curve_section(setup, inp, doc), sweep=sweep)
+        html = render_calc_report(doc, curve=curve_section(setup, inp, doc, getattr(args, "_calibration", None)),
+                                  sweep=sweep)
         try:
             args.html.write_text(html, encoding="utf-8")
         except OSError as exc:

@@ -246,13 +246,15 @@ class Fit:
     outliers: tuple[str, ...] = ()  # rows set aside as inconsistent with the others
     ttft_aside: tuple[str, ...] = ()  # rows whose TTFT was not fitted (beyond the KV pool)
     below_floor: tuple[str, ...] = ()  # rows faster than the GPU's datasheet allows (perf.tpot_floor_s)
+    rows: tuple[dict[str, object], ...] = ()  # each matching row: measured, a priori, calibrated, status
 
     def as_dict(self) -> dict[str, object]:
         return {"rows_used": self.rows_used, "factors": factor_values(self.calibration, self.names),
                 "multipliers": {n: round(math.exp(m), 4) for n, m in zip(self.names, self.logm)},
                 "fit_error": round(self.fit_error, 4), "prior_error": round(self.prior_error, 4),
                 "rejected": self.rejected, "outliers": list(self.outliers),
-                "ttft_set_aside": list(self.ttft_aside), "below_floor": list(self.below_floor)}
+                "ttft_set_aside": list(self.ttft_aside), "below_floor": list(self.below_floor),
+                "rows": [dict(r) for r in self.rows]}
 
 
 def _stack(meas: Sequence[Measurement], cal: Calibration) -> tuple[np.ndarray, np.ndarray]:
@@ -742,6 +744,45 @@ def _above_floor(setup: Any, rows: Sequence[Row]) -> tuple[list[Row], tuple[str,
         f"so not the work the row states (a cached prefix, shorter prompts, or fewer requests in flight)")
 
 
+# a fitted factor is described as moved when its multiplier is outside this band around 1
+MOVED = 0.03
+
+
+def describe(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """`Fit.as_dict()` in words, (label, text) pairs for the terminal and the HTML report: the rows
+    used, the error on them, the factors the fit moved and what it set aside or rejected."""
+    moved = [f"{n} x{m:.2f}" for n, m in (doc.get("multipliers") or {}).items() if abs(m - 1.0) > MOVED]
+    out = [("rows used", str(doc["rows_used"])),
+           ("mean error on them", f"{doc['fit_error'] * 100:.1f} % calibrated, {doc['prior_error'] * 100:.1f} % a priori"),
+           ("factors moved", ", ".join(moved) or f"none beyond {MOVED:.0%}")]
+    if doc.get("rejected"):
+        out.append(("rejected (a priori used)", str(doc["rejected"])))
+    for key, what in (("outliers", "set aside"), ("ttft_set_aside", "TTFT not fitted"),
+                      ("below_floor", "faster than the datasheet")):
+        if doc.get(key):
+            out.append((what, ", ".join(doc[key])))
+    return out
+
+
+def _row_report(setup: object, prior: Calibration, fit: Fit, rows: Sequence[Row]) -> tuple[dict[str, object], ...]:
+    """Each row the fit was given: its load and latencies as measured, a priori and calibrated,
+    and what the fit did with it (`fitted`, `outlier`, `ttft not fitted`, `below floor`)."""
+    out = []
+    for r, m in zip(rows, _points(setup, rows)):
+        label = m.label
+        status = ("below floor" if label in fit.below_floor else "outlier" if label in fit.outliers
+                  else "ttft not fitted" if label in fit.ttft_aside else "fitted")
+        p0, p1 = m.predict(prior), m.predict(fit.calibration)
+
+        def s(v: float | None) -> float | None:
+            return round(v, 6) if v is not None and math.isfinite(v) else None
+        out.append({"line": r.line, "concurrency": r.concurrency, "input_len": r.input_len,
+                    "output_len": r.output_len, "engine_version": r.engine_version, "status": status,
+                    "tpot_s": {"measured": s(r.tpot_s), "prior": s(p0.tpot_s), "calibrated": s(p1.tpot_s)},
+                    "ttft_s": {"measured": s(r.ttft_s), "prior": s(p0.ttft_s), "calibrated": s(p1.ttft_s)}})
+    return tuple(out)
+
+
 def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
               vllm_version: str | tuple | None = None) -> tuple[Fit, list[str]]:
     """Fit `setup`'s step-time factors on the rows measured for the same model, GPU, TP and weight
@@ -766,7 +807,8 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
     if note:
         notes.append(note)
     if not used and below:
-        return replace(fit_rows(prior, []), below_floor=below), notes
+        fit = replace(fit_rows(prior, []), below_floor=below)
+        return replace(fit, rows=_row_report(setup, prior, fit, [r for r in every if f"line {r.line}" in below])), notes
     if not used:
         notes.append(f"calibration: none of {len(rows)} row(s) is for {model_name} on {tp} x {gpu_name}"
                      f" with weights {quantization or '16-bit'}; the a-priori model is used")
@@ -776,6 +818,7 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
     fit = fit_rows(prior, _points(setup, used), names)
     if below:
         fit = replace(fit, below_floor=below)
+    fit = replace(fit, rows=_row_report(setup, prior, fit, [r for r in every if r in used or f"line {r.line}" in below]))
     if fit.outliers:
         notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "
                      f"together with the other rows: a load the row does not describe?)")

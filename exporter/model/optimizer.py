@@ -86,8 +86,10 @@ def tpot_batch_limit(setup: Any, traffic: Traffic, tpot_slo: float, upper: int,
 
 
 def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
-              spec: SpecConfig | None = None) -> Recommendation:
-    """Engine flags for `setup` serving `traffic` under `slo`, each with its binding constraint."""
+              spec: SpecConfig | None = None, calibration: Any = None) -> Recommendation:
+    """Engine flags for `setup` serving `traffic` under `slo`, each with its binding constraint.
+    `calibration`: factors fitted on this setup's measured rows (`calc --calibrate`): the pool
+    they found and their step times size max_num_seqs and max_num_batched_tokens."""
     slo = slo or SLO()
     binding: dict[str, str] = {}
     m = setup.model
@@ -120,7 +122,7 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
                                              f"{setup.gpu_memory_gib:.0f} GiB{held})")
     tuned = setup.with_(gpu_memory_utilization=util, max_model_len=max(mml, 16))
     # max_num_seqs: KV slots for this traffic vs the TPOT SLO batch
-    kv_tokens = kv_tokens_for(tuned)
+    kv_tokens = kv_tokens_for(tuned) * (calibration.kv_capacity_scale if calibration is not None else 1.0)
     kv_batch = capture_size_floor(max(kv_slots(traffic, kv_tokens, tuned.block_size) * KV_MARGIN, 1))
     default_seqs = tuned.max_num_seqs
     seqs, why = min(default_seqs, kv_batch), "KV capacity" if kv_batch < default_seqs else "vLLM default"
@@ -131,7 +133,7 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
     loaded = traffic.arrival_rate_rps is not None or traffic.concurrency is not None
     use_spec, active = False, None
     if spec is not None and spec.num_tokens > 0:
-        b = max(int(round(predict(tuned, traffic).running)), 1) if loaded else max(seqs, 1)
+        b = max(int(round(predict(tuned, traffic, calibration=calibration).running)), 1) if loaded else max(seqs, 1)
         g = gain(tuned, spec, b, _ctx(traffic))
         use_spec = g.speedup >= SPEC_MIN_GAIN
         active = spec if use_spec else None
@@ -141,7 +143,7 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
         binding["speculative_decoding"] = "no draft method or acceptance rate given"
     if slo.tpot_p99_s is not None:
         lim = tpot_batch_limit(tuned.with_(max_num_seqs=max(seqs, 1)), traffic, slo.tpot_p99_s, seqs,
-                               spec=active)
+                               spec=active, calibration=calibration)
         if lim == 0:
             seqs, why = 1, f"TPOT SLO unreachable on this setup ({slo.tpot_p99_s * 1000:.0f} ms even at batch 1)"
         elif lim < seqs:
@@ -159,7 +161,8 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
         from exporter.model.perf import step_time_s
         ctx = _ctx(traffic)
         while mnbt > 512 and step_time_s(tuned, decode_seqs=seqs, decode_context_tokens=int(seqs * ctx),
-                                         prefill_tokens=max(mnbt - seqs, 1)) > 3.0 * slo.tpot_p99_s:
+                                         prefill_tokens=max(mnbt - seqs, 1),
+                                         calibration=calibration) > 3.0 * slo.tpot_p99_s:
             mnbt //= 2
             why = (f"TPOT SLO: a full {mnbt}-token chunk step stays under 3x the "
                    f"{slo.tpot_p99_s * 1000:.0f} ms target")
@@ -168,7 +171,7 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
     binding["max_num_batched_tokens"] = why
     final = tuned.with_(max_num_seqs=seqs, max_num_batched_tokens=mnbt)
     if loaded:
-        at_load = predict(final, traffic, spec=active)
+        at_load = predict(final, traffic, spec=active, calibration=calibration)
         if at_load.saturated:
             binding["max_num_seqs"] += (f"; the offered load needs more than {seqs} running requests:"
                                         " add replicas (see tiers)")

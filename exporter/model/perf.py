@@ -903,14 +903,19 @@ def shape_for(setup: Any) -> Shape:
 
 def step_time_s(setup: Any, *, decode_seqs: int, decode_context_tokens: int, prefill_tokens: int,
                 prefill_context_tokens: int = 0,
-                prefill_chunks: Sequence[tuple[float, float]] = ()) -> float:
+                prefill_chunks: Sequence[tuple[float, float]] = (),
+                calibration: Calibration | None = None) -> float:
     """Seconds one vLLM engine step takes on `setup`.
 
     decode_seqs requests each generate one token, attending over `decode_context_tokens` tokens in
     total; `prefill_tokens` prompt tokens (one or more chunks) are computed in the same step,
     attending over `prefill_context_tokens` tokens already in the cache (prefix hits, earlier
     chunks); `prefill_chunks` gives each request's (tokens, cached context) when there are
-    several. Cheap: the per-setup work is cached."""
+    several. `calibration`: fitted factors instead of the GPU class's (`predict`'s). Cheap: the
+    per-setup work is cached."""
+    if calibration is not None:
+        return step_time_shape(shape_for(setup), calibration, decode_seqs, decode_context_tokens,
+                               prefill_tokens, prefill_context_tokens, prefill_chunks=prefill_chunks)
     last = _LAST_STEP_SETUP
     if last and last[0] is setup:  # the simulator asks about the same setup every step:
         shape, cal = last[1], last[2]  # skip hashing the nested dataclasses

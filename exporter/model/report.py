@@ -44,8 +44,9 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
 
     "predicted" is at the given concurrency or rate; without either, at the recommended
     operating point (recommended flags, running the recommended max_num_seqs). The current
-    GPU x TP is always a tier row (`current: true`). `calibration`: fitted step-time factors
-    (`exporter.model.calibrate`) for "predicted"; the prior's TPOT and TTFT are kept beside them."""
+    GPU x TP is always a tier row (`current: true`). `calibration`: factors fitted on this
+    setup's measured rows (`exporter.model.calibrate`) for "predicted" and the recommendation
+    (the prior's TPOT and TTFT are kept beside them); the tiers, other GPUs and TPs, stay a priori."""
     drafter = getattr(setup, "speculative", None)
     method = drafter.method if drafter is not None else "eagle"
     if drafter is not None and not spec_tokens:
@@ -62,7 +63,7 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
     spec = None
     if spec_tokens and spec_tokens > 0 and spec_acceptance is not None:
         spec = SpecConfig(num_tokens=int(spec_tokens), alpha=float(spec_acceptance), method=method)
-    rec = recommend(setup, traffic, slo, spec)
+    rec = recommend(setup, traffic, slo, spec, calibration=calibration)
     tuned = setup.with_(max_num_seqs=rec.max_num_seqs, gpu_memory_utilization=rec.gpu_memory_utilization,
                         max_model_len=rec.max_model_len, max_num_batched_tokens=rec.max_num_batched_tokens)
     fit = _fit_note(tuned)
@@ -77,7 +78,7 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
         point = f"recommended operating point (concurrency {rec.max_num_seqs})"
     pred = predict(at, traffic, **kw, calibration=calibration)
     predicted = pred.as_dict()
-    tp99 = tpot_p99_s(at, traffic, pred)
+    tp99 = tpot_p99_s(at, traffic, pred, calibration)
     predicted["tpot_p99_s"] = None if tp99 is None else round(tp99, 6)
     predicted["basis"] = "prior"
     if calibration is None:
@@ -110,6 +111,9 @@ def performance_report(setup: Any, *, prompt_tokens: float, output_tokens: float
                             kv_cache_dtype=setup.kv_cache_dtype, vllm_version=setup.vllm_version,
                             concurrency_rate=load, limit=tier_limit, current=(setup.gpu.name, setup.tp))
         doc["tiers"] = [t.as_dict() for t in ranked]
+        if calibration is not None:
+            notes.append(f"tiers are a priori for every GPU and TP, {setup.tp} x {setup.gpu.name} included "
+                         "(the calibration describes that setup alone; its calibrated figures are above)")
     else:
         doc["tiers"] = []
     if drafter is not None:

@@ -24,22 +24,27 @@ from exporter.model.traffic import SLO, Z99, Traffic
 
 PARAMS = ("max_num_seqs", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens",
           "tp", "kv_cache_dtype", "quantization")
+# the parameters a calibration of this model x GPU x TP still describes (the others change it)
+CALIBRATED_PARAMS = PARAMS[:4]
 
 
-def tpot_p99_s(setup: Any, traffic: Traffic, pred: Prediction) -> float | None:
+def tpot_p99_s(setup: Any, traffic: Traffic, pred: Prediction, calibration: Any = None) -> float | None:
     """p99 of per-request TPOT.
 
     A request's TPOT is the mean of its decode steps; a share q of steps also carries a prefill
     chunk (slower by dt). q follows from the predicted mean step time, q = (t_mean - t_decode)/dt;
     over m = output - 1 steps the count of mixed steps is binomial, so the 99th percentile request
-    sees q + z99 sqrt(q (1 - q) / m) of them. Stalls (preemption) in the mean are kept."""
+    sees q + z99 sqrt(q (1 - q) / m) of them. Stalls (preemption) in the mean are kept.
+    `calibration`: the factors `pred` was made with (its step time and these must agree)."""
     if pred.tpot_s is None or not math.isfinite(pred.tpot_s) or not math.isfinite(pred.step_time_s):
         return None
     b = max(int(round(pred.running)), 1)
     ctx = traffic.prompt_tokens_mean + traffic.output_tokens_mean / 2.0
-    t_d = step_time_s(setup, decode_seqs=b, decode_context_tokens=int(b * ctx), prefill_tokens=0)
+    t_d = step_time_s(setup, decode_seqs=b, decode_context_tokens=int(b * ctx), prefill_tokens=0,
+                      calibration=calibration)
     chunk = max(min(setup.max_num_batched_tokens - b, traffic.prompt_tokens_mean * (1 - traffic.prefix_hit_ratio)), 1)
-    t_m = step_time_s(setup, decode_seqs=b, decode_context_tokens=int(b * ctx), prefill_tokens=int(chunk))
+    t_m = step_time_s(setup, decode_seqs=b, decode_context_tokens=int(b * ctx), prefill_tokens=int(chunk),
+                      calibration=calibration)
     dt = max(t_m - t_d, 0.0)
     m = max(traffic.output_tokens_mean - 1.0, 1.0)
     if dt <= 0:
@@ -50,16 +55,22 @@ def tpot_p99_s(setup: Any, traffic: Traffic, pred: Prediction) -> float | None:
     return pred.tpot_s + extra
 
 
-def capacity(setup: Any, traffic: Traffic) -> int:
+def _pool(setup: Any, calibration: Any = None) -> float:
+    """KV tokens of `setup`'s pool, as a calibration that fitted it (`kv_capacity_scale`) has it."""
+    return kv_tokens_for(setup) * (calibration.kv_capacity_scale if calibration is not None else 1.0)
+
+
+def capacity(setup: Any, traffic: Traffic, calibration: Any = None) -> int:
     """Requests that run at once: min(max_num_seqs, what the KV pool holds of this traffic)."""
-    return max(min(setup.max_num_seqs, int(kv_slots(traffic, kv_tokens_for(setup), setup.block_size))), 0)
+    return max(min(setup.max_num_seqs, int(kv_slots(traffic, _pool(setup, calibration), setup.block_size))), 0)
 
 
 def evaluate(setup: Any, traffic: Traffic, slo: SLO, *, concurrency: int | None = None,
-             rate: float | None = None, spec: Any = None) -> dict[str, Any]:
-    """One row: the setup at the given load, or at its own capacity when none is given."""
-    kv_tok = kv_tokens_for(setup)
-    cap = capacity(setup, traffic)
+             rate: float | None = None, spec: Any = None, calibration: Any = None) -> dict[str, Any]:
+    """One row: the setup at the given load, or at its own capacity when none is given.
+    `calibration`: fitted factors (`calc --calibrate`) instead of the GPU class's."""
+    kv_tok = _pool(setup, calibration)
+    cap = capacity(setup, traffic, calibration)
     row: dict[str, Any] = {"kv_tokens": int(kv_tok), "max_concurrency": round(kv_slots(traffic, kv_tok, setup.block_size), 1)}
     if cap < 1:
         row.update(concurrency=0, throughput_tokens_per_s=0.0, requests_per_s=0.0, ttft_p50_s=None,
@@ -70,9 +81,9 @@ def evaluate(setup: Any, traffic: Traffic, slo: SLO, *, concurrency: int | None 
         load: dict[str, Any] = {"concurrency": cap}
     else:
         load = {"concurrency": concurrency} if concurrency is not None else {"rate": rate}
-    p = predict(setup, traffic, spec=spec, **load)
+    p = predict(setup, traffic, spec=spec, calibration=calibration, **load)
     d = p.as_dict()
-    tp99 = tpot_p99_s(setup, traffic, p)
+    tp99 = tpot_p99_s(setup, traffic, p, calibration)
     price = setup.gpu.dollars_per_hour * setup.num_gpus
     tps = p.output_tokens_per_s
     row.update(concurrency=load.get("concurrency"), rate=load.get("rate"),
@@ -134,8 +145,12 @@ def _variant(base: Any, param: str, value: Any) -> Any:
 
 def sweep(base: Any, traffic: Traffic, slo: SLO, param: str, *, values: Sequence[Any] | None = None,
           recommended: Any = None, objective: str = "cost", concurrency: int | None = None,
-          rate: float | None = None, spec: Any = None) -> dict[str, Any]:
-    """{"param", "objective", "rows": [...]} with one row per value; `recommended` marks a row.
+          rate: float | None = None, spec: Any = None, calibration: Any = None) -> dict[str, Any]:
+    """{"param", "objective", "basis", "rows": [...]} with one row per value; `recommended` marks a row.
+
+    `calibration` (fitted on this model, GPU and TP: `calc --calibrate`) is used for the engine
+    flags that leave the hardware and weights as they were; a sweep of tp, kv_cache_dtype or
+    quantization changes what the factors were fitted on, so it stays a priori (`basis`).
 
     `recommended` is the optimiser's value for the four engine flags it sets; for tp,
     kv_cache_dtype and quantization the row best for `objective` among those meeting the SLOs
@@ -144,12 +159,14 @@ def sweep(base: Any, traffic: Traffic, slo: SLO, param: str, *, values: Sequence
         raise InputError(f"--sweep: unknown parameter {param!r}; one of {', '.join(PARAMS)}")
     vals = list(values) if values is not None else default_values(param, base, traffic, recommended)
     need = traffic.prompt_p99 + traffic.output_p99
+    cal = calibration if param in CALIBRATED_PARAMS else None
     rows = []
     for v in vals:
         row: dict[str, Any] = {"value": v}
         try:
             s = _variant(base, param, v)    # a TP vLLM refuses raises with vLLM's reason
-            row.update(evaluate(s, traffic, slo, concurrency=concurrency, rate=rate, spec=spec))
+            row.update(evaluate(s, traffic, slo, concurrency=concurrency, rate=rate, spec=spec,
+                                calibration=cal))
         except InputError as exc:
             row.update(kv_tokens=0, max_concurrency=0, concurrency=0, throughput_tokens_per_s=0.0,
                        requests_per_s=0.0, ttft_p50_s=None, ttft_p99_s=None, tpot_p50_s=None,
@@ -164,7 +181,8 @@ def sweep(base: Any, traffic: Traffic, slo: SLO, param: str, *, values: Sequence
                                     "max_num_batched_tokens") else _best(rows, objective)
     for row in rows:
         row["recommended"] = row["value"] == pick
-    return {"param": param, "objective": objective, "recommended": pick, "rows": rows}
+    return {"param": param, "objective": objective, "recommended": pick,
+            "basis": "calibrated" if cal is not None else "prior", "rows": rows}
 
 
 def _best(rows: list[dict[str, Any]], objective: str) -> Any:
@@ -181,9 +199,9 @@ def _best(rows: list[dict[str, Any]], objective: str) -> Any:
 
 
 def concurrency_curve(setup: Any, traffic: Traffic, slo: SLO, *, mark: int | None = None,
-                      spec: Any = None) -> list[dict[str, Any]]:
+                      spec: Any = None, calibration: Any = None) -> list[dict[str, Any]]:
     """Throughput and latency vs closed-loop concurrency, 1 .. capacity (+ the marked point)."""
-    cap = max(capacity(setup, traffic), 1)
+    cap = max(capacity(setup, traffic, calibration), 1)
     points = {1}
     c = 2
     while c < cap:
@@ -194,7 +212,7 @@ def concurrency_curve(setup: Any, traffic: Traffic, slo: SLO, *, mark: int | Non
         points.add(int(mark))
     out = []
     for c in sorted(points):
-        row = evaluate(setup, traffic, slo, concurrency=c, spec=spec)
+        row = evaluate(setup, traffic, slo, concurrency=c, spec=spec, calibration=calibration)
         row["concurrency"] = c
         row["recommended"] = c == mark
         out.append(row)

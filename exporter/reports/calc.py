@@ -33,7 +33,10 @@ def memory_figure(doc: dict[str, Any]) -> Any:
     return fig
 
 
-def curve_figure(curve: list[dict[str, Any]], slo_tpot: float | None, slo_ttft: float | None) -> Any:
+def curve_figure(curve: list[dict[str, Any]], slo_tpot: float | None, slo_ttft: float | None,
+                 measured: list[dict[str, Any]] | None = None) -> Any:
+    """`measured`: calibration rows (`calibration.rows`) of the traffic's lengths, drawn as points
+    beside the curves they calibrated."""
     go = require_plotly()
     from plotly.subplots import make_subplots
     xs = [r["concurrency"] for r in curve]
@@ -53,6 +56,12 @@ def curve_figure(curve: list[dict[str, Any]], slo_tpot: float | None, slo_ttft: 
         fig.add_trace(go.Scatter(x=[r["concurrency"]], y=[_ms(r["tpot_p99_s"])], mode="markers",
                                  marker=dict(size=14, symbol="star", color="crimson"), showlegend=False),
                       row=1, col=2)
+    if measured:
+        xs_m = [r["concurrency"] for r in measured]
+        for key, name, symbol in (("ttft_s", "TTFT measured", "diamond"), ("tpot_s", "TPOT measured", "x")):
+            fig.add_trace(go.Scatter(x=xs_m, y=[_ms(r[key]["measured"]) for r in measured], mode="markers",
+                                     marker=dict(size=11, symbol=symbol, color="black"), name=f"{name} (ms)",
+                                     text=[f"line {r['line']}: {r['status']}" for r in measured]), row=1, col=2)
     for v, name in ((slo_tpot, "TPOT p99 SLO"), (slo_ttft, "TTFT p99 SLO")):
         if v is not None:   # a trace, not a shape: shapes on log axes take log10 coordinates
             fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[v * 1000] * 2, mode="lines", name=f"{name} (ms)",
@@ -96,6 +105,32 @@ def spec_figure(sd: dict[str, Any]) -> Any:
     return fig
 
 
+def _same_lengths(row: dict[str, Any], traffic: dict[str, Any]) -> bool:
+    if not traffic:
+        return False
+    want = (traffic["prompt_tokens"]["mean"], traffic["output_tokens"]["mean"])
+    return all(abs(a - b) <= 0.01 * b for a, b in zip((row["input_len"], row["output_len"]), want))
+
+
+def calibration_section(cal: dict[str, Any]) -> str:
+    """What `--calibrate` fitted: the rows against the a-priori and the calibrated model."""
+    from exporter.model.calibrate import describe
+    summary = [list(pair) for pair in describe(cal)]
+
+    def trio(d: dict[str, Any]) -> str:
+        return " / ".join(_fmt_ms(d[k]).removesuffix(" ms") for k in ("measured", "prior", "calibrated"))
+    rows = cal.get("rows") or []
+    detail = table(["line", "clients", "prompt / output", "TPOT ms: measured / a priori / calibrated",
+                    "TTFT ms: measured / a priori / calibrated", "vLLM", "status"],
+                   [[r["line"], f"{r['concurrency']:g}", f"{r['input_len']:g} / {r['output_len']:g}",
+                     trio(r["tpot_s"]), trio(r["ttft_s"]), r.get("engine_version") or "—", r["status"]]
+                    for r in rows]) if rows else ""
+    return section("Calibration (--calibrate)", table(None, summary), detail,
+                   note="Rows of the calibration files that match this model, GPU, TP and weights. "
+                        "The calibrated model predicts above and sizes the recommended flags; the tiers "
+                        "stay a priori.")
+
+
 def sweep_table(sw: dict[str, Any]) -> str:
     headers = [sw["param"], "KV tokens", "max concurrency", "tokens/s", "TTFT p50 ms", "TTFT p99 ms",
                "TPOT p50 ms", "TPOT p99 ms", "$/Mtok", "meets SLO", "binding constraint"]
@@ -132,11 +167,19 @@ def render_calc_report(doc: dict[str, Any], *, curve: list[dict[str, Any]], swee
     sections.append(section("Memory", plot(memory_figure(doc)),
                             note=f"KV cache: {kv['tokens']:,} tokens, {kv['gpu_blocks']:,} blocks, "
                                  f"max concurrency {kv['max_concurrency']} at max_model_len {s['max_model_len']:,}."))
+    cal = doc.get("calibration")
+    measured = [r for r in (cal or {}).get("rows", []) if _same_lengths(r, tr)]
+    basis = ("calibrated on the measured rows (black marks: those of these lengths)" if p.get("basis") == "calibrated"
+             else "a priori")
     sections.append(section("Throughput and latency vs concurrency",
-                            plot(curve_figure(curve, slo.get("tpot_p99_s"), slo.get("ttft_p99_s"))),
-                            note="Closed-loop load at the recommended flags; the star is the recommended max_num_seqs."))
+                            plot(curve_figure(curve, slo.get("tpot_p99_s"), slo.get("ttft_p99_s"), measured)),
+                            note="Closed-loop load at the recommended flags; the star is the recommended "
+                                 f"max_num_seqs. Model: {basis}."))
+    if cal is not None:
+        sections.append(calibration_section(cal))
     sections.append(section(f"Trade-off table: {sweep['param']}", plot(sweep_figure(sweep)), sweep_table(sweep),
-                            note="One parameter varied, the rest at the recommended setup; highlighted row = recommended."))
+                            note="One parameter varied, the rest at the recommended setup; highlighted row = recommended; "
+                                 + ("calibrated model." if sweep.get("basis") == "calibrated" else "a-priori model.")))
     sd = doc.get("speculative_decoding")
     if sd:
         sections.append(section("Speculative decoding", plot(spec_figure(sd)),

@@ -116,7 +116,9 @@ def print_calc(doc: dict[str, Any]) -> None:
         ("TTFT mean / p99 (ms)", f"{ms(p['ttft_s'])} / {ms(p['ttft_p99_s'])}"),
         ("TPOT mean / p99 (ms)", f"{ms(p['tpot_s'])} / {ms(p.get('tpot_p99_s'))}"),
         ("running requests", p["running"]), ("batch bound by", p["binding"]),
-        ("meets SLO", p["meets_slo"])]))
+        ("meets SLO", p["meets_slo"]), ("basis", basis_text(p))]))
+    if doc.get("calibration") is not None:
+        print_calibration(c, doc["calibration"])
     rec = doc["recommendation"]
     c.print(grid("Recommended flags", ["flag", "value", "binding constraint"],
                  [(k, fmt(v), rec["binding"].get(k, "")) for k, v in rec.items() if k != "binding"]))
@@ -143,6 +145,29 @@ def print_calc(doc: dict[str, Any]) -> None:
         c.print("")
 
 
+def basis_text(p: dict[str, Any]) -> str:
+    """Which model "predicted" comes from: the a-priori one, or calibrated (with the prior beside)."""
+    if p.get("basis") != "calibrated":
+        return "a priori (GPU class factors)"
+    return (f"calibrated (a priori: TPOT {ms(p.get('prior_tpot_s'))} ms, "
+            f"TTFT {ms(p.get('prior_ttft_s'))} ms)")
+
+
+def print_calibration(c: Console, cal: dict[str, Any]) -> None:
+    """`calc --calibrate`: what the fit used, what it changed, and each row against both models."""
+    from exporter.model.calibrate import describe
+    rows = describe(cal)
+    c.print(kv_table("Calibration (--calibrate)", rows))
+    if cal.get("rows"):
+        def trio(d: dict[str, Any]) -> str:
+            return " / ".join(ms(d[k]) for k in ("measured", "prior", "calibrated"))
+        c.print(grid("Calibration rows: measured / a priori / calibrated",
+                     ["line", "clients", "prompt/output", "TPOT ms", "TTFT ms", "vLLM", "status"],
+                     [(r["line"], fmt(r["concurrency"]), f"{fmt(r['input_len'])}/{fmt(r['output_len'])}",
+                       trio(r["tpot_s"]), trio(r["ttft_s"]), r.get("engine_version") or "—", r["status"])
+                      for r in cal["rows"]]))
+
+
 def _short_why(t: dict[str, Any]) -> str:
     why = str(t.get("why") or "").split("; ")[0]
     return why.replace(f"batch {t.get('max_num_seqs')} bound by ", "")
@@ -155,7 +180,8 @@ def print_sweep(c: Console, sw: dict[str, Any]) -> None:
              r["throughput_tokens_per_s"], ms(r["ttft_p50_s"]), ms(r["ttft_p99_s"]), ms(r["tpot_p50_s"]),
              ms(r["tpot_p99_s"]), r["dollars_per_million_tokens"], r["meets_slo"], r["binding"])
             for r in sw["rows"]]
-    c.print(grid(f"Trade-off: {sw['param']} (objective {sw['objective']}; * = recommended; latencies in ms)",
+    model = "calibrated model" if sw.get("basis") == "calibrated" else "a-priori model"
+    c.print(grid(f"Trade-off: {sw['param']} (objective {sw['objective']}; {model}; * = recommended; latencies in ms)",
                  headers, rows, mark=[r["recommended"] for r in sw["rows"]]))
 
 

@@ -107,3 +107,37 @@ def test_plot_needs_plotly_too(monkeypatch):
     from exporter.errors import InputError
     with pytest.raises(InputError, match=r"\[report\]"):
         plot(object())
+
+
+def test_a_calibrated_report_shows_its_rows_on_the_curve_it_calibrated(tmp_path, shared):
+    """`calc --calibrate --html` on real measured rows (../shared Qwen3-32B on 2 x H100, 4096/1024
+    at c=8, 32 and 128): a Calibration section lists each row measured / a priori / calibrated,
+    the latency plot carries the measured points beside the calibrated curve, and Chromium draws
+    them (two more scatter traces than the uncalibrated page)."""
+    import csv
+    src = shared("fixtures", "throughput-observations.csv")
+    with open(src, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [r for r in reader if (r["model"], r["gpu"], r["tp"], r["dtype"], r["input_len"], r["output_len"])
+                == ("Qwen/Qwen3-32B", "H100-SXM-80GB", "2", "bf16", "4096", "1024")
+                and r["concurrency"] in ("8", "32", "128")]
+        fields = reader.fieldnames
+    cal = tmp_path / "sweep.csv"
+    with open(cal, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    query = ["calc", "--model", "Qwen/Qwen3-32B", "--gpu", "H100-SXM-80GB", "--tp", "2", "--prompt-tokens", "4096",
+             "--output-tokens", "1024", "--concurrency", "32", "--vllm-version", "0.12.0"]
+    with_cal, without = tmp_path / "cal.html", tmp_path / "prior.html"
+    assert main([*query, "--calibrate", str(cal), "--html", str(with_cal), "--json"]) == 0
+    assert main([*query, "--html", str(without), "--json"]) == 0
+    html = with_cal.read_text(encoding="utf-8")
+    assert "Calibration (--calibrate)" in html and "Model: calibrated on the measured rows" in html
+    assert "TPOT measured (ms)" in html and "TTFT measured (ms)" in html
+    for r in rows:
+        assert f"{float(r['ttft_ms']):,.1f}" in html            # each row's measured TTFT is in the table
+    plain = without.read_text(encoding="utf-8")
+    assert "Calibration (--calibrate)" not in plain and "Model: a priori" in plain
+    traces = [len(re.findall(r'class="trace scatter', _dump_dom(p))) for p in (with_cal, without)]
+    assert traces[0] == traces[1] + 2, traces

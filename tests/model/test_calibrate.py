@@ -603,3 +603,76 @@ def test_the_pool_is_fitted_only_from_the_queueing_of_a_load_past_it():
     assert top.peak_pool_share > 1.0
     fit = fit_rows(prior, [low, top])
     assert fit.ttft_aside == () and "kv_capacity" in fit.names
+
+
+def test_calc_calibrate_reports_each_row_and_sizes_the_flags_with_the_fit(tmp_path, cli_env, shared):
+    """`calc --calibrate` on real measured rows (../shared, Qwen3-32B on 2 x H100, 4096/1024 at c=8
+    and c=128, vLLM 0.12.0; at c=128 the pool holds ~64 requests and the rest queue): the terminal
+    shows the basis, what the fit moved and every row measured / a priori / calibrated; --json
+    carries the same rows; and the recommended max_num_seqs is sized by the pool the rows showed
+    (the calibrated one), not the a-priori pool."""
+    src = shared("fixtures", "throughput-observations.csv")
+    with open(src, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [r for r in reader if (r["model"], r["gpu"], r["tp"], r["dtype"], r["input_len"], r["output_len"])
+                == ("Qwen/Qwen3-32B", "H100-SXM-80GB", "2", "bf16", "4096", "1024") and r["concurrency"] in ("8", "128")]
+        fields = reader.fieldnames
+    assert len(rows) == 2
+    cal_csv = tmp_path / "sweep.csv"
+    with open(cal_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    base = ["vllm-drift", "calc", "--model", "Qwen/Qwen3-32B", "--gpu", "H100-SXM-80GB", "--tp", "2",
+            "--prompt-tokens", "4096", "--output-tokens", "1024", "--concurrency", "32", "--vllm-version", "0.12.0"]
+    out = subprocess.run(base + ["--calibrate", str(cal_csv), "--json"], capture_output=True, text=True,
+                         env=cli_env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    prior = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, env=cli_env,
+                                      timeout=120).stdout)
+    cal = doc["calibration"]
+    assert [r["line"] for r in cal["rows"]] == [2, 3] and {r["status"] for r in cal["rows"]} == {"fitted"}
+    for r, src_row in zip(cal["rows"], rows):
+        assert r["tpot_s"]["measured"] == pytest.approx(float(src_row["tpot_ms"]) / 1000)
+        assert r["ttft_s"]["measured"] == pytest.approx(float(src_row["ttft_ms"]) / 1000)
+        # the fit explains its own rows better than the prior does
+        for k in ("tpot_s", "ttft_s"):
+            m = r[k]["measured"]
+            assert abs(r[k]["calibrated"] - m) <= abs(r[k]["prior"] - m) + 0.02 * m
+    scale = cal["factors"]["kv_capacity"]
+    assert scale < 0.95
+    # the pool the rows showed sizes max_num_seqs (KV-bound here), the prior's pool does not
+    assert doc["recommendation"]["binding"]["max_num_seqs"].startswith("KV capacity")
+    assert doc["recommendation"]["max_num_seqs"] < prior["recommendation"]["max_num_seqs"]
+    assert any("tiers are a priori" in n for n in doc["notes"])
+    text = subprocess.run(base + ["--calibrate", str(cal_csv)], capture_output=True, text=True, env=cli_env,
+                          timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert "Calibration (--calibrate)" in text.stdout and "kv_capacity x" in text.stdout
+    assert "calibrated (a priori: TPOT" in text.stdout
+    for r in cal["rows"]:
+        line = next(x for x in text.stdout.splitlines() if x.strip().startswith(f"{r['line']} "))
+        assert f"{r['ttft_s']['measured'] * 1000:,.1f}" in line and "fitted" in line
+
+
+def test_tpot_p99_is_drawn_from_the_steps_of_the_calibration_the_mean_used():
+    """A calibrated prediction's TPOT p99 takes its decode and mixed step times from the same
+    factors as its mean: a server whose steps are all 1.6x slower has the same share of mixed
+    steps, so its p99 stays the same multiple of its mean (mixing a slower mean with the prior's
+    faster decode step would count most steps as carrying a prompt chunk)."""
+    from exporter.model.tradeoff import tpot_p99_s
+    setup = _setup()
+    prior = calibration_for(shape_for(setup).gpu_name)
+    slow = replace(prior, bw_eff=prior.bw_eff / 1.6, step_overhead_s=prior.step_overhead_s * 1.6,
+                   flops_eff_bf16=prior.flops_eff_bf16 / 1.6, per_token_s=prior.per_token_s * 1.6,
+                   layer_s=prior.layer_s * 1.6, per_seq_s=prior.per_seq_s * 1.6,
+                   sample_sort_s=prior.sample_sort_s * 1.6)
+    t = Traffic(prompt_tokens_mean=2048, output_tokens_mean=256)
+    p0 = predict(setup, t, concurrency=16)
+    p1 = predict(setup, t, concurrency=16, calibration=slow)
+    assert p1.tpot_s > 1.4 * p0.tpot_s
+    spread0 = tpot_p99_s(setup, t, p0) / p0.tpot_s
+    spread1 = tpot_p99_s(setup, t, p1, slow) / p1.tpot_s
+    assert spread0 > 1.001
+    assert spread1 == pytest.approx(spread0, rel=1e-3)
