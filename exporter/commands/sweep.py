@@ -26,7 +26,7 @@ import httpx
 from exporter.errors import InputError
 from exporter.loadgen import calibration
 from exporter.loadgen.client import Api
-from exporter.loadgen.prediction import predictions
+from exporter.loadgen.prediction import calibrated, calibration_lines, predictions
 from exporter.loadgen.report import render as render_report
 from exporter.loadgen.runner import HARD_MAX_CONCURRENCY, SweepConfig, run_sweep
 from exporter.loadgen.stats import KNEE_GAIN, find_knee
@@ -302,7 +302,9 @@ def _prediction(doc: dict[str, Any], max_num_seqs: int | None) -> dict[str, Any]
     measured = {lv[key] for lv in done}
     at_levels = [{key: p["x"], "output_tokens_per_s": p["output_tokens_per_s"]} for p in points if p["x"] in measured]
     knee = find_knee(at_levels, key) if at_levels else None
-    return {"note": note, "points": points, "knee": knee.as_dict(key) if knee else None}
+    cal = calibrated(s["model"], s["gpu"], s["tp"], done, sorted(xs), max_num_seqs=max_num_seqs,
+                     version=s.get("version")) if key == "concurrency" and points else None
+    return {"note": note, "points": points, "knee": knee.as_dict(key) if knee else None, "calibrated": cal}
 
 
 def print_table(doc: dict[str, Any]) -> None:
@@ -344,5 +346,7 @@ def print_table(doc: dict[str, Any]) -> None:
     else:
         con.print("no knee: throughput still grows by at least 10 % per doubling at the last level", highlight=False)
     con.print(KNEE_RULE, style="dim", highlight=False)
+    for line in calibration_lines(doc.get("prediction") or {}):
+        con.print(line, highlight=False)
     if doc.get("stopped"):
         con.print(f"stopped early: {doc['stopped']}", style="yellow", highlight=False)

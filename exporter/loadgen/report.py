@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from exporter.loadgen.prediction import calibration_lines
 from exporter.reports.html import page, plot, require_plotly, section, table
 
 
@@ -14,6 +15,8 @@ def _ms(v: float | None) -> float | None:
 
 def render(doc: dict[str, Any], predicted: Sequence[dict[str, Any]], note: str) -> str:
     go = require_plotly()
+    cal = (doc.get("prediction") or {}).get("calibrated") or {}
+    fitted = cal.get("points") if cal.get("applied") else None
     key = doc["level_key"]
     levels = [lv for lv in doc["levels"] if lv.get("completed")]
     xs = [lv[key] for lv in levels]
@@ -36,6 +39,9 @@ def render(doc: dict[str, Any], predicted: Sequence[dict[str, Any]], note: str) 
     if predicted:
         tput.add_trace(go.Scatter(x=[p["x"] for p in predicted], y=[p["output_tokens_per_s"] for p in predicted],
                                   mode="lines", line=dict(dash="dash"), name="model prediction"))
+    if fitted:
+        tput.add_trace(go.Scatter(x=[p["x"] for p in fitted], y=[p["output_tokens_per_s"] for p in fitted],
+                                  mode="lines", line=dict(dash="dot"), name="model calibrated on this sweep"))
     lat = go.Figure()
     for name, field, dash in (("TTFT p50", "ttft_p50_s", None), ("TTFT p99", "ttft_p99_s", "dot"),
                               ("TPOT p50", "tpot_p50_s", None), ("TPOT p99", "tpot_p99_s", "dot")):
@@ -45,6 +51,10 @@ def render(doc: dict[str, Any], predicted: Sequence[dict[str, Any]], note: str) 
         for name, field in (("TTFT", "ttft_s"), ("TPOT", "tpot_s")):
             lat.add_trace(go.Scatter(x=[p["x"] for p in predicted], y=[_ms(p[field]) for p in predicted],
                                      mode="lines", line=dict(dash="dash"), name=f"predicted {name} (mean)"))
+    if fitted:
+        for name, field in (("TTFT", "ttft_s"), ("TPOT", "tpot_s")):
+            lat.add_trace(go.Scatter(x=[p["x"] for p in fitted], y=[_ms(p[field]) for p in fitted],
+                                     mode="lines", line=dict(dash="dot"), name=f"calibrated {name} (mean)"))
     for fig, ytitle in ((tput, "output tokens/s"), (lat, "ms (log)")):
         if knee:
             fig.add_vline(x=knee[key], line=dict(color="firebrick", dash="dash"))
@@ -78,10 +88,14 @@ def render(doc: dict[str, Any], predicted: Sequence[dict[str, Any]], note: str) 
     sub = f"{s['url']} — {s['model']} on {s['tp']} x {s['gpu'] or 'unknown GPU'}, vLLM {s.get('version') or '?'}"
     return page("vLLM saturation sweep", [
         section("Throughput", plot(tput), note=knee_txt),
-        section("Latency", plot(lat), note=note),
+        section("Latency", plot(lat), note=" ".join([note + "."] + _calibration_words(doc))),
         section("Levels", table(headers, rows, mark=mark),
                 note=doc.get("knee_rule", "") + (f" Stopped early: {doc['stopped']}." if doc.get("stopped") else "")),
     ], subtitle=sub)
+
+
+def _calibration_words(doc: dict[str, Any]) -> list[str]:
+    return [line.strip().rstrip(".") + "." for line in calibration_lines(doc.get("prediction") or {})]
 
 
 def _f(v: float | None, nd: int) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import shared_path
 from exporter.cli import main
+from exporter.commands.sweep import print_table
 from loopback import Site, static, status
 from sim_running import quiet_scenario, start
 
@@ -60,6 +61,39 @@ def test_json_csv_and_html(sim, tmp_path, capsys):
     assert page.count("data-vllm-drift-plot") == 2 and "model prediction" in page
     assert not re.search(r"<(script|img|iframe)[^>]*\ssrc=\"?https?:", page)    # plotly.js inlined
     assert not re.search(r"<link[^>]*\shref=", page)
+
+
+def test_the_sweep_calibrates_the_model_on_the_server_it_measured(tmp_path, capsys):
+    """A simulated server whose steps take 1.5x what the calculator predicts (step_time_scale;
+    nothing in its exposition says so): the sweep's a-priori prediction is a third off, the model
+    calibrated on the sweep's levels lands within a few percent of each level, the level between
+    the ends is predicted by a calibration on the others as well (held out), and the terminal and
+    the report say so. Each level runs several rounds per client (steady state, not the first
+    burst), bounded by --max-duration."""
+    srv, _ = start(quiet_scenario(tmp_path, max_num_seqs=32, step_time_scale=1.5))
+    html = tmp_path / "sweep.html"
+    with srv:
+        assert main(["sweep", srv.urls[0], "--concurrency", "2,4,8", "--max-requests", "40", "--output-tokens", "16",
+                     "--prompt-tokens", "128", "--max-duration", "10", "--settle", "0.1", "--gpu", "L4",
+                     "--html", str(html), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    pred = doc["prediction"]
+    cal = pred["calibrated"]
+    assert cal["applied"] and cal["fit"]["rows_used"] == 3
+    prior = {p["x"]: p for p in pred["points"]}
+    fitted = {p["x"]: p for p in cal["points"]}
+    for lv in doc["levels"]:
+        c, tpot = lv["concurrency"], lv["tpot_mean_s"]
+        assert lv["completed"] >= 3 * c
+        assert abs(prior[c]["tpot_s"] - tpot) / tpot > 0.2            # the hidden 1.5x
+        assert abs(fitted[c]["tpot_s"] - tpot) / tpot < 0.05
+    h = cal["held_out"]
+    assert h["scored"] == ["c=4"] and h["tpot_mape"] < 0.05 and h["tpot_mape"] < h["prior_tpot_mape"] / 4
+    print_table(doc)                        # what the sweep prints without --json
+    text = capsys.readouterr().out
+    assert "model calibrated on this sweep: 3 levels" in text and "held out: c=4" in text
+    page = html.read_text()
+    assert "model calibrated on this sweep" in page and "calibrated TPOT (mean)" in page
 
 
 def test_refuses_a_url_that_is_not_an_openai_server(capsys, port):

@@ -40,7 +40,8 @@ class Running:
 
 
 def quiet_scenario(tmp: Path, *, max_num_seqs: int = 8, num_gpu_blocks: int | None = None,
-                   speed: float = 1.0, name: str = "quiet", max_model_len: int = 4096) -> Path:
+                   speed: float = 1.0, name: str = "quiet", max_model_len: int = 4096,
+                   step_time_scale: float = 1.0) -> Path:
     blocks = f"\n  num_gpu_blocks: {num_gpu_blocks}" if num_gpu_blocks else ""
     path = tmp / f"{name}.yaml"
     path.write_text(f"""name: {name}
@@ -56,6 +57,7 @@ traffic:
   prompt: {{mean: 100}}
   output: {{mean: 100}}
 speed: {speed}
+step_time_scale: {step_time_scale}
 """)
     return path
 
