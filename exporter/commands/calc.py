@@ -488,7 +488,7 @@ def performance_sections(setup: Setup, args: argparse.Namespace, inp: Inputs) ->
     fit, notes = None, []
     if args.calibrate:
         fit, notes = fit_calibration(setup, calibration_rows(args), quantization=args.quantization,
-                                     vllm_version=args.vllm_version)
+                                     vllm_version=args.vllm_version, report=True)
     args._calibration = fit.calibration if fit is not None and fit.rows_used and not fit.rejected else None
     doc = performance_report(
         setup, prompt_tokens=inp.prompt_tokens, output_tokens=inp.output_tokens,

@@ -74,7 +74,6 @@ def calibrated(model: str, gpu: str | None, tp: int, levels: Sequence[dict[str, 
         points.append({"x": x, "output_tokens_per_s": d["output_tokens_per_s"], "ttft_s": d["ttft_s"],
                        "tpot_s": d["tpot_s"]})
     summary = fit.as_dict()
-    summary.pop("rows", None)
     for k in ("outliers", "ttft_set_aside", "below_floor"):
         summary[k] = levels_named(summary[k])
     out: dict[str, Any] = {"applied": applied, "fit": summary, "points": points, "held_out": None}

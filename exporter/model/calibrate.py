@@ -784,10 +784,11 @@ def _row_report(setup: object, prior: Calibration, fit: Fit, rows: Sequence[Row]
 
 
 def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
-              vllm_version: str | tuple | None = None) -> tuple[Fit, list[str]]:
+              vllm_version: str | tuple | None = None, report: bool = False) -> tuple[Fit, list[str]]:
     """Fit `setup`'s step-time factors on the rows measured for the same model, GPU, TP and weight
     scheme (those of the query's release, `vllm_version`, when some are). Returns the fit
-    (rows_used 0 when none match) and notes for the user."""
+    (rows_used 0 when none match) and notes for the user. `report`: also each row measured, a
+    priori and calibrated (`Fit.rows`, what `calc --calibrate` shows; two predictions a row)."""
     from exporter.model.perf import calibration_for, shape_for
 
     shape = shape_for(setup)
@@ -808,7 +809,9 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
         notes.append(note)
     if not used and below:
         fit = replace(fit_rows(prior, []), below_floor=below)
-        return replace(fit, rows=_row_report(setup, prior, fit, [r for r in every if f"line {r.line}" in below])), notes
+        if report:
+            fit = replace(fit, rows=_row_report(setup, prior, fit, [r for r in every if f"line {r.line}" in below]))
+        return fit, notes
     if not used:
         notes.append(f"calibration: none of {len(rows)} row(s) is for {model_name} on {tp} x {gpu_name}"
                      f" with weights {quantization or '16-bit'}; the a-priori model is used")
@@ -818,7 +821,8 @@ def fit_setup(setup: object, rows: Sequence[Row], *, quantization: str | None,
     fit = fit_rows(prior, _points(setup, used), names)
     if below:
         fit = replace(fit, below_floor=below)
-    fit = replace(fit, rows=_row_report(setup, prior, fit, [r for r in every if r in used or f"line {r.line}" in below]))
+    if report:
+        fit = replace(fit, rows=_row_report(setup, prior, fit, [r for r in every if r in used or f"line {r.line}" in below]))
     if fit.outliers:
         notes.append(f"calibration: set aside {', '.join(fit.outliers)} (the model cannot explain them "
                      f"together with the other rows: a load the row does not describe?)")

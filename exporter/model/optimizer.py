@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from exporter.errors import InputError
 from exporter.model.kv_cache import startup_utilization_cap
-from exporter.model.perf import Prediction, kv_slots, kv_tokens_for, predict
+from exporter.model.perf import Prediction, kv_pool_tokens, kv_slots, predict
 from exporter.model.spec_decode import SpecConfig, gain
 from exporter.model.traffic import SLO, Traffic
 
@@ -122,7 +122,7 @@ def recommend(setup: Any, traffic: Traffic, slo: SLO | None = None,
                                              f"{setup.gpu_memory_gib:.0f} GiB{held})")
     tuned = setup.with_(gpu_memory_utilization=util, max_model_len=max(mml, 16))
     # max_num_seqs: KV slots for this traffic vs the TPOT SLO batch
-    kv_tokens = kv_tokens_for(tuned) * (calibration.kv_capacity_scale if calibration is not None else 1.0)
+    kv_tokens = kv_pool_tokens(tuned, calibration)
     kv_batch = capture_size_floor(max(kv_slots(traffic, kv_tokens, tuned.block_size) * KV_MARGIN, 1))
     default_seqs = tuned.max_num_seqs
     seqs, why = min(default_seqs, kv_batch), "KV capacity" if kv_batch < default_seqs else "vLLM default"
@@ -215,7 +215,7 @@ def replica_capacity(setup: Any, traffic: Traffic, slo: SLO,
     The batch is the largest meeting the TPOT SLO and fitting the KV pool; at that batch the
     closed-loop throughput is the replica's rate, provided the TTFT SLO holds there (else the
     batch is halved until it does)."""
-    kv_tokens = kv_tokens_for(setup)
+    kv_tokens = kv_pool_tokens(setup, calibration)
     if kv_tokens <= 0:
         return 0.0, 0, None, "no KV cache left"
     kv_b = int(kv_slots(traffic, kv_tokens, setup.block_size) * KV_MARGIN)

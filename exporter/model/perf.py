@@ -1024,6 +1024,12 @@ def kv_tokens_for(setup: Any) -> float:
     return float(max(cap.tokens, 0))
 
 
+def kv_pool_tokens(setup: Any, calibration: Calibration | None = None) -> float:
+    """KV tokens the server holds: the predicted pool, scaled by a calibration that fitted it
+    (`kv_capacity_scale`, 1 a priori)."""
+    return kv_tokens_for(setup) * (calibration.kv_capacity_scale if calibration is not None else 1.0)
+
+
 def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
             rate: float | None = None, spec: Any = None,
             calibration: Calibration | None = None) -> Prediction:
@@ -1051,7 +1057,7 @@ def predict(setup: Any, traffic: Any, *, concurrency: float | None = None,
     per_step, per_seq = 1.0, 1.0
     if spec is not None and getattr(spec, "num_tokens", 0) > 0:
         per_step, per_seq = spec.expected_tokens, 1.0 + spec.num_tokens
-    kv_tokens = kv_tokens_for(setup) * cal.kv_capacity_scale
+    kv_tokens = kv_pool_tokens(setup, cal)
     op = steady_state(shape, cal, prompt=traffic.prompt_tokens_mean, output=traffic.output_tokens_mean,
                       hit=traffic.prefix_hit_ratio, max_batched_tokens=setup.max_num_batched_tokens,
                       max_seqs=setup.max_num_seqs, kv_tokens=kv_tokens, block_size=setup.block_size,

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from exporter.errors import InputError
 from exporter.model.optimizer import KV_MARGIN, capture_size_floor
-from exporter.model.perf import Prediction, kv_slots, kv_tokens_for, predict, step_time_s
+from exporter.model.perf import Prediction, kv_pool_tokens, kv_slots, predict, step_time_s
 from exporter.model.setup import tp_refusal
 from exporter.model.traffic import SLO, Z99, Traffic
 
@@ -55,21 +55,16 @@ def tpot_p99_s(setup: Any, traffic: Traffic, pred: Prediction, calibration: Any 
     return pred.tpot_s + extra
 
 
-def _pool(setup: Any, calibration: Any = None) -> float:
-    """KV tokens of `setup`'s pool, as a calibration that fitted it (`kv_capacity_scale`) has it."""
-    return kv_tokens_for(setup) * (calibration.kv_capacity_scale if calibration is not None else 1.0)
-
-
 def capacity(setup: Any, traffic: Traffic, calibration: Any = None) -> int:
     """Requests that run at once: min(max_num_seqs, what the KV pool holds of this traffic)."""
-    return max(min(setup.max_num_seqs, int(kv_slots(traffic, _pool(setup, calibration), setup.block_size))), 0)
+    return max(min(setup.max_num_seqs, int(kv_slots(traffic, kv_pool_tokens(setup, calibration), setup.block_size))), 0)
 
 
 def evaluate(setup: Any, traffic: Traffic, slo: SLO, *, concurrency: int | None = None,
              rate: float | None = None, spec: Any = None, calibration: Any = None) -> dict[str, Any]:
     """One row: the setup at the given load, or at its own capacity when none is given.
     `calibration`: fitted factors (`calc --calibrate`) instead of the GPU class's."""
-    kv_tok = _pool(setup, calibration)
+    kv_tok = kv_pool_tokens(setup, calibration)
     cap = capacity(setup, traffic, calibration)
     row: dict[str, Any] = {"kv_tokens": int(kv_tok), "max_concurrency": round(kv_slots(traffic, kv_tok, setup.block_size), 1)}
     if cap < 1:
