@@ -211,7 +211,10 @@ class TargetPipeline:
                 tpot_mean=tpot.mean if tpot is not None else None,
                 window_requests=tpot.count if tpot is not None else 0.0,
                 lifetime_requests=lifetime.count if lifetime is not None else None,
-                now=now, one_shot=self.fleet.engine.one_shot)
+                now=now, one_shot=self.fleet.engine.one_shot,
+                ttft_mean=summary.ttft.mean if summary.ttft is not None else None,
+                ttft_requests=summary.ttft.count if summary.ttft is not None else 0.0,
+                queue_mean=summary.queue_time.mean if summary.queue_time is not None else None)
         pred = predict_for(ident, x, vllm_version=version, prices=self.fleet.cfg.prices,
                            spec_per_position=per_pos_r, calibration=cal.calibration if cal else None)
         if cal is None:

@@ -4,7 +4,8 @@ Why here: the drift engine's scores are distances from the predicted optimum, so
 GPU, driver, kernels or build differ from the catalog would be scored against a wrong optimum
 forever. Every evaluation, the observed mean TPOT at the observed load (running batch, request
 shape) is one measurement for an extended Kalman filter over the step-time model's free factors
-(`exporter.model.calibrate.OnlineCalibration`). Servers that share model, GPU, TP, weight format
+(`exporter.model.calibrate.OnlineCalibration`), and the observed mean TTFT, where it is the
+prefill path's (not a queue for a slot), one for the TTFT factors. Servers that share model, GPU, TP, weight format
 and vLLM version share one filter — a pool — so a fleet teaches the model faster than one server,
 and a new replica starts from what its peers taught.
 
@@ -49,6 +50,9 @@ POOL_UPDATES_PER_INTERVAL = 8
 # and the pool has taken fewer than 8 updates.
 SIGMA_REUSE_UPDATES = 8
 SIGMA_REUSE_LOAD = 0.15
+# A window's mean TTFT is a measurement of the prefill path only while its requests' mean time
+# queued for a slot stays under this share of it (vLLM's request_queue_time_seconds).
+QUEUE_SHARE = 0.5
 
 
 class _Answers(NamedTuple):
@@ -152,9 +156,15 @@ class FleetCalibration:
     def evaluate(self, setup: Setup, *, target: str, model_name: str, prompt_mean: float | None,
                  output_mean: float | None, prefix_hit_ratio: float | None, running_mean: float | None,
                  tpot_mean: float | None, window_requests: float, lifetime_requests: float | None,
-                 now: float, one_shot: bool = False) -> Calibrated | None:
+                 now: float, one_shot: bool = False, ttft_mean: float | None = None,
+                 ttft_requests: float = 0.0, queue_mean: float | None = None) -> Calibrated | None:
         """Fold this window in (when it holds new requests) and say what the prediction's basis
-        is at the observed load. None when the load cannot be described to the model."""
+        is at the observed load. None when the load cannot be described to the model.
+
+        The window's mean TTFT joins the measurement when it is the prefill path's: enough
+        requests behind it, the model not saturated at this load, and the requests' time queued
+        for a slot (`queue_mean`) under QUEUE_SHARE of it; a TTFT made of waiting for KV blocks
+        or a slot is what the KV findings score, not a speed to learn."""
         if not prompt_mean or not output_mean or prompt_mean < 1 or output_mean < 1:
             return None
         if not running_mean or running_mean < 0.5:
@@ -175,8 +185,16 @@ class FleetCalibration:
         self.recent[key] = recent
         due = one_shot or (now - self.last_update.get((target, model_name), -math.inf) >= UPDATE_INTERVAL_S
                            and len(recent) < POOL_UPDATES_PER_INTERVAL)
+        point = (setup, traffic, conc)
+        last = self.memo.get((target, model_name))
+        same = last is not None and last.point == point
+        p0 = last.prior if same else at(None)
         if tpot_mean and tpot_mean > 0 and new >= MIN_REQUESTS and due:
-            meas = Measurement(at, float(tpot_mean), None, weight=min(new, window_requests or new))
+            ttft = None
+            if (ttft_mean and ttft_mean > 0 and ttft_requests >= MIN_REQUESTS and not p0.saturated
+                    and math.isfinite(p0.ttft_s) and (queue_mean or 0.0) <= QUEUE_SHARE * ttft_mean):
+                ttft = float(ttft_mean)
+            meas = Measurement(at, float(tpot_mean), ttft, weight=min(new, window_requests or new))
             before = filt.rejected
             if filt.update(prior, meas):
                 self.seen[(target, model_name)] = lifetime_requests if lifetime_requests is not None else 0.0
@@ -194,10 +212,6 @@ class FleetCalibration:
                     reason="the fit would leave the physical range of the step-time factors",
                     **({"repeats": "counted in vllm_drift_model_calibration_rejections, logged at debug"}
                        if first else {}))
-        point = (setup, traffic, conc)
-        last = self.memo.get((target, model_name))
-        same = last is not None and last.point == point
-        p0 = last.prior if same else at(None)
         # the factors on a 1 % grid: the costly predictions (capacity, TPOT table) are cached per
         # calibration, and a converged pool's posterior wanders by less than that
         cal = (apply(prior, filt.names, [round(m / 0.01) * 0.01 for m in filt.mean])

@@ -199,7 +199,7 @@ REPORT_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("vllm_drift_predicted_ttft_seconds", "TTFT the model predicts at the observed load; basis as for TPOT.",
      "gauge", _TM + ("basis",)),
     ("vllm_drift_model_calibration_factor",
-     "Step-time model factor fitted online to this server's pool (absent until calibrated).",
+     "Step-time or TTFT model factor fitted online to this server's pool (absent until calibrated).",
      "gauge", _TM + ("factor",)),
     ("vllm_drift_model_fit_error_ratio",
      "Relative TPOT error of the calibrated model on the last measurement it folded in.", "gauge", _TM),

@@ -103,9 +103,16 @@ FACTOR_NAMES = tuple(f.name for f in FACTORS)
 # one, `fit_setup`), and rows at one load cannot tell them from the others (fitted only from rows
 # measured at two or more loads, `fit_rows`)
 CURVE_FACTORS = ("expert_touch", "moe_decode_token")
-# Online, the TTFT terms are not identifiable from one operating point and would soak up noise:
-# the daemon fits the step-time factors only.
-ONLINE_FACTORS = ("step_overhead", "bandwidth_efficiency", "compute_efficiency", "per_token")
+# Online (the daemon's filter): the step-time factors from each window's mean TPOT, and the two
+# TTFT factors from its mean TTFT where the window's TTFT is the prefill path (no queue for a
+# slot, `drift/calibration.py`). Live arrivals are not a benchmark's clients: the a-priori TTFT
+# terms were fitted on closed-loop sweeps whose clients arrive together (a simulated Poisson
+# stream on an L4 shows 0.19 s where they predict 0.52 s). One window cannot split the two TTFT
+# factors; their prior does, and windows at other loads separate them. A TTFT factor at its
+# bound is clipped there, never a reason to refuse the step-time update (ONLINE_TTFT_FACTORS).
+ONLINE_STEP_FACTORS = ("step_overhead", "bandwidth_efficiency", "compute_efficiency", "per_token")
+ONLINE_TTFT_FACTORS = ("ttft_steps", "ttft_prefill")
+ONLINE_FACTORS = ONLINE_STEP_FACTORS + ONLINE_TTFT_FACTORS
 
 
 def _factors(names: Sequence[str]) -> list[Factor]:
@@ -501,13 +508,31 @@ class OnlineCalibration:
         return float(math.sqrt(max(g @ np.asarray(self.cov) @ g, 0.0)))
 
     def update(self, prior: Calibration, meas: Measurement) -> bool:
-        """Fold one measurement in. False (and counted) when the posterior would leave physics."""
+        """Fold one measurement in. False (and counted) when the posterior would leave physics.
+
+        Two steps: the mean TPOT teaches the factors (the step-time ones; TPOT barely depends
+        on the TTFT ones), then the mean TTFT, when given, teaches the TTFT factors alone at the
+        speed just learned. A TTFT that live arrivals shape unlike a benchmark's must not be
+        read as a faster or slower GPU."""
+        names = self.names
         p = np.asarray(self.cov, float) + np.eye(len(self.mean)) * self.PROCESS_SIGMA ** 2
-        x, cov = map_fit(prior, [meas], self.names, mean=self.mean, cov=p, iterations=8)
-        if physical(prior, self.names, x, PHYSICS_TOLERANCE):
+        x, cov = map_fit(prior, [replace(meas, ttft_s=None)], names, mean=self.mean, cov=p, iterations=8)
+        step = [i for i, n in enumerate(names) if n not in ONLINE_TTFT_FACTORS]
+        late = [i for i, n in enumerate(names) if n in ONLINE_TTFT_FACTORS]
+        if physical(prior, [names[i] for i in step], [x[i] for i in step], PHYSICS_TOLERANCE):
             self.rejected += 1
             return False
-        x = clip(prior, self.names, x)
+        x = clip(prior, names, x)
+        if meas.ttft_s and late:
+            speed = apply(prior, [names[i] for i in step], [x[i] for i in step])
+            sub = [names[i] for i in late]
+            block = np.ix_(late, late)
+            xt, ct = map_fit(speed, [replace(meas, tpot_s=None)], sub, mean=x[late], cov=cov[block],
+                             iterations=8)
+            x[late] = clip(speed, sub, xt)
+            cov[np.ix_(late, step)] = 0.0
+            cov[np.ix_(step, late)] = 0.0
+            cov[block] = ct
         self.mean = [float(v) for v in x]
         self.cov = [[float(v) for v in row] for row in cov]
         self.updates += 1
@@ -531,6 +556,16 @@ class OnlineCalibration:
         if mean and (len(mean) != len(names) or len(cov) != len(names)
                      or any(len(r) != len(names) for r in cov)):
             raise ValueError("calibration state: mean/cov do not match the factor names")
+        if mean and set(ONLINE_FACTORS) - set(names):
+            # a pool saved before the filter learned more factors keeps what it learned and
+            # starts the new ones from their prior, uncorrelated with the rest
+            extra = [f for f in _factors(ONLINE_FACTORS) if f.name not in names]
+            k = len(names)
+            cov = [row + [0.0] * len(extra) for row in cov]
+            cov += [[0.0] * (k + i) + [f.prior_sigma ** 2] + [0.0] * (len(extra) - i - 1)
+                    for i, f in enumerate(extra)]
+            mean = mean + [0.0] * len(extra)
+            names = names + tuple(f.name for f in extra)
         le = data.get("last_error")
         return cls(names=names, mean=mean, cov=cov, updates=int(data.get("updates") or 0),  # type: ignore[arg-type]
                    rejected=int(data.get("rejected") or 0),                                 # type: ignore[arg-type]

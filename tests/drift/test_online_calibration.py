@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from exporter.config import Config, EvaluationConfig, ScrapeConfig, TargetSpec
 from exporter.daemon import Daemon
+from exporter.model.calibrate import ONLINE_STEP_FACTORS
 from exporter.parse import parse_vllm
 from exporter.parse.metadata import Metadata
 from exporter.pipeline import Pipelines
@@ -52,7 +53,31 @@ def test_a_slower_server_is_learned_from_its_window():
     doc = rep.to_json()["predicted"]
     assert doc["basis"] == "calibrated" and doc["prior_tpot_seconds"] == rep.prior_tpot_seconds
     assert set(doc["calibration"]["factors"]) == {"step_overhead", "bandwidth_efficiency",
-                                                  "compute_efficiency", "per_token"}
+                                                  "compute_efficiency", "per_token", "ttft_steps",
+                                                  "ttft_prefill"}
+
+
+def test_ttft_is_learned_where_it_is_the_prefill_path(monkeypatch):
+    """Live arrivals are not a benchmark's clients: the a-priori TTFT (fitted on closed-loop sweeps
+    whose clients arrive together) is far above a Poisson stream's. The window's mean TTFT
+    teaches the TTFT factors; the step-time factors, and the inter-token gap the latency alerts
+    are held to, stay what the TPOT taught."""
+    fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    _, rep, _ = _feed(fleet, _server(1, scale=1.0), URL.format(1), 0.0, 240.0)
+    obs = rep.observed["ttft_mean_s"]
+    assert rep.prediction_basis == "calibrated"
+    assert abs(rep.prior_ttft_seconds - obs) / obs > 1.0            # the prior: over twice the TTFT seen
+    assert abs(rep.predicted_ttft_seconds - obs) / obs < 0.15
+    k = len(ONLINE_STEP_FACTORS)
+    [pool] = fleet.calibration.pools.values()
+    # the same window without its TTFT (every window's counted as queueing): the same speed learned
+    monkeypatch.setattr("exporter.drift.calibration.QUEUE_SHARE", -1.0)
+    blind = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    _, rep2, _ = _feed(blind, _server(1, scale=1.0), URL.format(1), 0.0, 240.0)
+    [pool2] = blind.calibration.pools.values()
+    assert max(map(abs, pool2.mean[k:])) < 0.01 < max(map(abs, pool.mean[k:]))
+    assert abs(rep2.predicted_tpot_seconds - rep.predicted_tpot_seconds) / rep.predicted_tpot_seconds < 0.01
+    assert abs(rep2.slo_seconds["tpot"] - rep.slo_seconds["tpot"]) / rep.slo_seconds["tpot"] < 0.01
 
 
 def test_a_new_replica_starts_from_what_its_pool_learned():

@@ -8,11 +8,12 @@ import math
 import subprocess
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from exporter.errors import InputError
-from exporter.model.calibrate import (ONLINE_FACTORS, Measurement, OnlineCalibration, Row, apply,
-                                      choose_kv_cache, fit_rows, fit_setup, measured_point, physical,
+from exporter.model.calibrate import (ONLINE_FACTORS, ONLINE_STEP_FACTORS, Measurement, OnlineCalibration,
+                                      Row, apply, choose_kv_cache, fit_rows, fit_setup, measured_point, physical,
                                       read_rows)
 from exporter.model.perf import calibration_for, predict, shape_for, tpot_floor_s
 from exporter.model.setup import Setup
@@ -178,6 +179,49 @@ def test_online_update_that_breaks_physics_is_counted_not_applied():
                                         impossible, None, weight=1000))
     assert not ok and filt.rejected == 1 and filt.updates == 0
     assert filt.calibration(prior) == apply(prior, ONLINE_FACTORS, [0.0] * len(ONLINE_FACTORS))
+
+
+def test_online_ttft_teaches_the_ttft_factors_alone():
+    """A window's mean TTFT moves only the TTFT factors: the step-time factors, and so the TPOT
+    and the inter-token gaps expected, come out of the same TPOT as if no TTFT were given. A TTFT
+    past what the factors' bounds allow is clipped there, not a reason to refuse the update."""
+    setup = _setup()
+    prior = calibration_for(shape_for(setup).gpu_name)
+    t = Traffic(prompt_tokens_mean=1024, output_tokens_mean=256)
+
+    def at(k):
+        return predict(setup, t, concurrency=8, calibration=k)
+
+    p0 = at(None)
+    with_ttft, without = OnlineCalibration(), OnlineCalibration()
+    for _ in range(6):
+        assert with_ttft.update(prior, Measurement(at, 1.3 * p0.tpot_s, 0.4 * p0.ttft_s, weight=200))
+        assert without.update(prior, Measurement(at, 1.3 * p0.tpot_s, None, weight=200))
+    k = len(ONLINE_STEP_FACTORS)
+    assert with_ttft.names[:k] == ONLINE_STEP_FACTORS
+    assert max(abs(a - b) for a, b in zip(with_ttft.mean[:k], without.mean[:k])) < 0.01
+    assert without.mean[k:] == pytest.approx([0.0, 0.0], abs=0.01)
+    got = at(with_ttft.calibration(prior))
+    assert abs(got.ttft_s - 0.4 * p0.ttft_s) / (0.4 * p0.ttft_s) < 0.1
+    assert abs(got.tpot_s - at(without.calibration(prior)).tpot_s) / got.tpot_s < 0.01
+    # a TTFT no factor within bounds reaches: the TTFT factors stop at a bound, the speed is learned
+    wild = OnlineCalibration()
+    assert wild.update(prior, Measurement(at, 1.3 * p0.tpot_s, 1e-4 * p0.ttft_s, weight=10_000))
+    assert wild.rejected == 0 and abs(at(wild.calibration(prior)).tpot_s / (1.3 * p0.tpot_s) - 1) < 0.05
+
+
+def test_a_pool_saved_before_the_ttft_factors_resumes_with_them():
+    old = {"names": list(ONLINE_STEP_FACTORS), "mean": [0.1, -0.2, 0.05, 0.3],
+           "cov": [[0.01 if i == j else 0.001 for j in range(4)] for i in range(4)],
+           "updates": 7, "rejected": 1, "last_error": 0.02, "targets": ["http://a:1"]}
+    filt = OnlineCalibration.from_dict(old)
+    assert filt.names == ONLINE_FACTORS and filt.updates == 7 and filt.targets == ["http://a:1"]
+    assert filt.mean == [0.1, -0.2, 0.05, 0.3, 0.0, 0.0]
+    cov = np.asarray(filt.cov)
+    assert cov.shape == (6, 6) and np.allclose(cov[:4, :4], np.asarray(old["cov"]))
+    assert np.all(cov[:4, 4:] == 0) and cov[4, 4] > 0 and cov[5, 5] > 0 and cov[4, 5] == 0
+    prior = calibration_for(shape_for(_setup()).gpu_name)
+    assert filt.calibration(prior).ttft_steps == prior.ttft_steps
 
 
 def test_bad_calibration_files_name_file_and_line(tmp_path):
