@@ -5,9 +5,9 @@ GPU, driver, kernels or build differ from the catalog would be scored against a 
 forever. Every evaluation, the observed mean TPOT at the observed load (running batch, request
 shape) is one measurement for an extended Kalman filter over the step-time model's free factors
 (`exporter.model.calibrate.OnlineCalibration`), and the observed mean TTFT, where it is the
-prefill path's (not a queue for a slot), one for the TTFT factors. Servers that share model, GPU, TP, weight format
-and vLLM version share one filter — a pool — so a fleet teaches the model faster than one server,
-and a new replica starts from what its peers taught.
+prefill path's (not a queue for a slot), one for the TTFT factors. Servers that share model,
+GPU, TP, weight format and vLLM version share one filter — a pool — so a fleet teaches the model
+faster than one server, and a new replica starts from what its peers taught.
 
 The basis of a prediction is `prior` until the pool's posterior pins the predicted TPOT at this
 load to within `CONFIDENT_SIGMA` (log scale), then `calibrated`; scores and recommendations use
