@@ -214,7 +214,8 @@ class TargetPipeline:
                 now=now, one_shot=self.fleet.engine.one_shot,
                 ttft_mean=summary.ttft.mean if summary.ttft is not None else None,
                 ttft_requests=summary.ttft.count if summary.ttft is not None else 0.0,
-                queue_mean=summary.queue_time.mean if summary.queue_time is not None else None)
+                queue_mean=summary.queue_time.mean if summary.queue_time is not None else None,
+                waiting_mean=x.waiting_mean, preemptions_ps=x.preemptions_ps)
         pred = predict_for(ident, x, vllm_version=version, prices=self.fleet.cfg.prices,
                            spec_per_position=per_pos_r, calibration=cal.calibration if cal else None)
         if cal is None:

@@ -50,9 +50,14 @@ POOL_UPDATES_PER_INTERVAL = 8
 # and the pool has taken fewer than 8 updates.
 SIGMA_REUSE_UPDATES = 8
 SIGMA_REUSE_LOAD = 0.15
-# A window's mean TTFT is a measurement of the prefill path only while its requests' mean time
-# queued for a slot stays under this share of it (vLLM's request_queue_time_seconds).
+# A window's mean TTFT is a measurement of the prefill path only while nothing queues for a slot:
+# no preemption in the window, fewer than WAITING_LIMIT requests waiting on average (per engine),
+# and the requests' mean time queued (vLLM's request_queue_time_seconds) under QUEUE_SHARE of
+# their mean TTFT. The simulated kv-pressure server (78 waiting, 0.4 preemptions/s, KV 98 %) has
+# 49 % of its 159 s TTFT in that queue; learned from, it would have taught its pool a TTFT 30x
+# the healthy replicas' (healthy: nothing waiting, 17 % of 0.21 s queued while a step finishes).
 QUEUE_SHARE = 0.5
+WAITING_LIMIT = 1.0
 
 
 class _Answers(NamedTuple):
@@ -157,14 +162,16 @@ class FleetCalibration:
                  output_mean: float | None, prefix_hit_ratio: float | None, running_mean: float | None,
                  tpot_mean: float | None, window_requests: float, lifetime_requests: float | None,
                  now: float, one_shot: bool = False, ttft_mean: float | None = None,
-                 ttft_requests: float = 0.0, queue_mean: float | None = None) -> Calibrated | None:
+                 ttft_requests: float = 0.0, queue_mean: float | None = None,
+                 waiting_mean: float | None = None, preemptions_ps: float | None = None) -> Calibrated | None:
         """Fold this window in (when it holds new requests) and say what the prediction's basis
         is at the observed load. None when the load cannot be described to the model.
 
         The window's mean TTFT joins the measurement when it is the prefill path's: enough
-        requests behind it, the model not saturated at this load, and the requests' time queued
-        for a slot (`queue_mean`) under QUEUE_SHARE of it; a TTFT made of waiting for KV blocks
-        or a slot is what the KV findings score, not a speed to learn."""
+        requests behind it, the model not saturated at this load, no preemption, fewer than
+        WAITING_LIMIT waiting and the requests' time queued (`queue_mean`) under QUEUE_SHARE of
+        it; a TTFT made of waiting for KV blocks or a slot is what the KV findings score, not a
+        speed to learn."""
         if not prompt_mean or not output_mean or prompt_mean < 1 or output_mean < 1:
             return None
         if not running_mean or running_mean < 0.5:
@@ -192,7 +199,8 @@ class FleetCalibration:
         if tpot_mean and tpot_mean > 0 and new >= MIN_REQUESTS and due:
             ttft = None
             if (ttft_mean and ttft_mean > 0 and ttft_requests >= MIN_REQUESTS and not p0.saturated
-                    and math.isfinite(p0.ttft_s) and (queue_mean or 0.0) <= QUEUE_SHARE * ttft_mean):
+                    and math.isfinite(p0.ttft_s) and (queue_mean or 0.0) <= QUEUE_SHARE * ttft_mean
+                    and (waiting_mean or 0.0) < WAITING_LIMIT and not (preemptions_ps or 0.0) > 0.0):
                 ttft = float(ttft_mean)
             meas = Measurement(at, float(tpot_mean), ttft, weight=min(new, window_requests or new))
             before = filt.rejected

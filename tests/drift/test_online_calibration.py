@@ -80,6 +80,18 @@ def test_ttft_is_learned_where_it_is_the_prefill_path(monkeypatch):
     assert abs(rep2.slo_seconds["tpot"] - rep.slo_seconds["tpot"]) / rep.slo_seconds["tpot"] < 0.01
 
 
+def test_a_queue_for_kv_blocks_teaches_no_ttft():
+    """Under KV pressure (requests waiting for blocks, preemptions) the TTFT is a queue the KV
+    findings score: it must not teach the pool a TTFT its healthy replicas would then be held to."""
+    fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
+    _, rep, _ = _feed(fleet, build(load_scenario("kv-pressure"), seed=3), URL.format(3), 0.0, 240.0)
+    assert rep.observed["waiting_mean"] > 1 and rep.observed["ttft_mean_s"] > 20 * rep.prior_ttft_seconds
+    [pool] = fleet.calibration.pools.values()
+    assert pool.updates == 1                                    # its TPOT was learned
+    assert max(map(abs, pool.mean[len(ONLINE_STEP_FACTORS):])) < 0.01
+    assert any(f["finding"] == "kv_pressure" for f in rep.to_json()["findings"])
+
+
 def test_a_new_replica_starts_from_what_its_pool_learned():
     fleet = Pipelines(Config(evaluation=EvaluationConfig(window=600)))
     for i in range(3):
