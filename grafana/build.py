@@ -345,12 +345,15 @@ def instance() -> dict:
            target(f"instance_model:vllm_generation_tokens:rate{W}{{{I}}}", "output {{instance}}")],
           w=12)
     b.row("Latency")
-    b.add("timeseries", "Time to first token vs SLO",
+    b.add("timeseries", "Time to first token vs predicted and SLO",
           "p50/p90/p99 of vllm:time_to_first_token_seconds "
-          "(instance_model_quantile:vllm_time_to_first_token_seconds:histogram_quantile); the red "
+          "(instance_model_quantile:vllm_time_to_first_token_seconds:histogram_quantile) next to "
+          "vllm_drift_predicted_ttft_seconds (the mean the model expects at the observed load; "
+          "basis=\"calibrated\" once learned from the server's pool); the red "
           f"line is the {slo['ttft_p99_seconds']} s p99 SLO from rules/thresholds.yaml.",
           [target('instance_model_quantile:vllm_time_to_first_token_seconds:histogram_quantile'
-                  f'{{{I}}}', "p{{quantile}} {{instance}}")],
+                  f'{{{I}}}', "p{{quantile}} {{instance}}"),
+           target(f"vllm_drift_predicted_ttft_seconds{{{T}}}", "predicted {{target}} ({{basis}})")],
           unit="s", w=12, custom=ts_custom(line_thresholds=True),
           steps=thresholds(GREEN, ("red", slo["ttft_p99_seconds"])))
     b.add("timeseries", "Time per output token vs predicted and SLO",
@@ -359,7 +362,7 @@ def instance() -> dict:
           f"the {slo['tpot_p99_seconds']} s p99 SLO.",
           [target('instance_model_quantile:vllm_inter_token_latency_seconds:histogram_quantile'
                   f'{{{I}}}', "p{{quantile}} {{instance}}"),
-           target(f"vllm_drift_predicted_tpot_seconds{{{T}}}", "predicted {{target}}")],
+           target(f"vllm_drift_predicted_tpot_seconds{{{T}}}", "predicted {{target}} ({{basis}})")],
           unit="s", w=12, custom=ts_custom(line_thresholds=True),
           steps=thresholds(GREEN, ("red", slo["tpot_p99_seconds"])))
     b.row("Request shape")
