@@ -510,29 +510,33 @@ class OnlineCalibration:
     def update(self, prior: Calibration, meas: Measurement) -> bool:
         """Fold one measurement in. False (and counted) when the posterior would leave physics.
 
-        Two steps: the mean TPOT teaches the factors (the step-time ones; TPOT barely depends
-        on the TTFT ones), then the mean TTFT, when given, teaches the TTFT factors alone at the
-        speed just learned. A TTFT that live arrivals shape unlike a benchmark's must not be
-        read as a faster or slower GPU."""
+        Two steps: the mean TPOT teaches the step-time factors, then the mean TTFT, when given,
+        teaches the TTFT factors alone at the speed just learned. A TTFT that live arrivals shape
+        unlike a benchmark's must not be read as a faster or slower GPU. The two blocks of the
+        posterior are kept uncorrelated."""
         names = self.names
-        p = np.asarray(self.cov, float) + np.eye(len(self.mean)) * self.PROCESS_SIGMA ** 2
-        x, cov = map_fit(prior, [replace(meas, ttft_s=None)], names, mean=self.mean, cov=p, iterations=8)
         step = [i for i, n in enumerate(names) if n not in ONLINE_TTFT_FACTORS]
         late = [i for i, n in enumerate(names) if n in ONLINE_TTFT_FACTORS]
-        if physical(prior, [names[i] for i in step], [x[i] for i in step], PHYSICS_TOLERANCE):
+        step_names, late_names = [names[i] for i in step], [names[i] for i in late]
+        x = np.asarray(self.mean, float)
+        cov = np.asarray(self.cov, float) + np.eye(len(x)) * self.PROCESS_SIGMA ** 2
+        cov[np.ix_(late, step)] = 0.0
+        cov[np.ix_(step, late)] = 0.0
+        # the TTFT factors as they stand (a closed loop's TPOT barely depends on them)
+        now = apply(prior, late_names, x[late]) if late else prior
+        xs, cs = map_fit(now, [replace(meas, ttft_s=None)], step_names, mean=x[step],
+                         cov=cov[np.ix_(step, step)], iterations=8)
+        if physical(now, step_names, xs, PHYSICS_TOLERANCE):
             self.rejected += 1
             return False
-        x = clip(prior, names, x)
+        x[step] = clip(now, step_names, xs)
+        cov[np.ix_(step, step)] = cs
         if meas.ttft_s and late:
-            speed = apply(prior, [names[i] for i in step], [x[i] for i in step])
-            sub = [names[i] for i in late]
-            block = np.ix_(late, late)
-            xt, ct = map_fit(speed, [replace(meas, tpot_s=None)], sub, mean=x[late], cov=cov[block],
-                             iterations=8)
-            x[late] = clip(speed, sub, xt)
-            cov[np.ix_(late, step)] = 0.0
-            cov[np.ix_(step, late)] = 0.0
-            cov[block] = ct
+            speed = apply(prior, step_names, x[step])
+            xt, ct = map_fit(speed, [replace(meas, tpot_s=None)], late_names, mean=x[late],
+                             cov=cov[np.ix_(late, late)], iterations=8)
+            x[late] = clip(speed, late_names, xt)
+            cov[np.ix_(late, late)] = ct
         self.mean = [float(v) for v in x]
         self.cov = [[float(v) for v in row] for row in cov]
         self.updates += 1

@@ -199,8 +199,9 @@ def test_online_ttft_teaches_the_ttft_factors_alone():
         assert without.update(prior, Measurement(at, 1.3 * p0.tpot_s, None, weight=200))
     k = len(ONLINE_STEP_FACTORS)
     assert with_ttft.names[:k] == ONLINE_STEP_FACTORS
+    # the same speed (a closed loop's TPOT moves a little with its TTFT, through the cycle time)
     assert max(abs(a - b) for a, b in zip(with_ttft.mean[:k], without.mean[:k])) < 0.01
-    assert without.mean[k:] == pytest.approx([0.0, 0.0], abs=0.01)
+    assert without.mean[k:] == [0.0, 0.0]
     got = at(with_ttft.calibration(prior))
     assert abs(got.ttft_s - 0.4 * p0.ttft_s) / (0.4 * p0.ttft_s) < 0.1
     assert abs(got.tpot_s - at(without.calibration(prior)).tpot_s) / got.tpot_s < 0.01
