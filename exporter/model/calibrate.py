@@ -565,9 +565,10 @@ class OnlineCalibration:
             # starts the new ones from their prior, uncorrelated with the rest
             extra = [f for f in _factors(ONLINE_FACTORS) if f.name not in names]
             k = len(names)
-            cov = [row + [0.0] * len(extra) for row in cov]
-            cov += [[0.0] * (k + i) + [f.prior_sigma ** 2] + [0.0] * (len(extra) - i - 1)
-                    for i, f in enumerate(extra)]
+            grown = np.zeros((k + len(extra), k + len(extra)))
+            grown[:k, :k] = cov
+            grown[k:, k:] = np.diag([f.prior_sigma ** 2 for f in extra])
+            cov = grown.tolist()
             mean = mean + [0.0] * len(extra)
             names = names + tuple(f.name for f in extra)
         le = data.get("last_error")
